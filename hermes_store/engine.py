@@ -1,0 +1,182 @@
+"""URL resolution and the one engine factory every entry point uses."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import warnings
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.pool import NullPool
+
+from hermes_store.errors import StoreNotFound
+
+log = logging.getLogger(__name__)
+
+ENV_URL = "HERMES_STORE_URL"
+ENV_HOME = "HERMES_HOME"
+DEFAULT_HOME = "~/.hermes"
+DB_FILENAME = "state.db"
+BUSY_TIMEOUT_MS = 30_000
+#: Execution option naming the BEGIN flavour: "DEFERRED" (default), "IMMEDIATE", "EXCLUSIVE".
+BEGIN_OPTION = "sqlite_begin"
+_BEGIN_MODES = {"DEFERRED", "IMMEDIATE", "EXCLUSIVE"}
+
+
+class WalUnavailableWarning(UserWarning):
+    """The file system refused WAL; the store runs with the rollback journal."""
+
+
+def hermes_home() -> Path:
+    """Return ``$HERMES_HOME`` (default ``~/.hermes``) as an absolute path."""
+    return Path(os.environ.get(ENV_HOME) or DEFAULT_HOME).expanduser().resolve()
+
+
+def to_url(path_or_url: str | os.PathLike[str]) -> str:
+    """Turn a file path or a SQLAlchemy URL into a SQLAlchemy URL string."""
+    text = os.fspath(path_or_url)
+    if "://" in text:
+        return text
+    return f"sqlite:///{Path(text).expanduser().resolve()}"
+
+
+def resolve_url(explicit: str | os.PathLike[str] | None = None, *, create_home: bool = True) -> str:
+    """Pick the store URL: explicit argument, then ``$HERMES_STORE_URL``, then the legacy default.
+
+    The legacy default is ``<HERMES_HOME>/state.db``; its directory is created (mode 0700)
+    when ``create_home`` is true and it does not exist yet.
+    """
+    if explicit:
+        return to_url(explicit)
+    env = os.environ.get(ENV_URL)
+    if env:
+        return to_url(env)
+    home = hermes_home()
+    if create_home:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return to_url(home / DB_FILENAME)
+
+
+def db_path(url: str) -> Path | None:
+    """Return the database file of a SQLite URL, or None for an in-memory database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        raise ValueError(
+            f"hermes-store only supports SQLite URLs, got {parsed.get_backend_name()!r}"
+        )
+    database = parsed.database
+    if not database or database == ":memory:" or database.startswith("file::memory:"):
+        return None
+    if database.startswith("file:"):
+        database = database[5:].split("?", 1)[0]
+    return Path(database)
+
+
+def tighten_permissions(path: Path) -> None:
+    """Make the store and its -wal / -shm / -journal files readable by their owner only."""
+    for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+        # A file we do not own or a read-only mount: the store still works, nothing to do.
+        with contextlib.suppress(FileNotFoundError, PermissionError, OSError):
+            if (
+                candidate.is_file()
+                and not candidate.is_symlink()
+                and candidate.stat().st_mode & 0o077
+            ):
+                candidate.chmod(0o600)
+
+
+def create_private_file(path: Path) -> None:
+    """Create an empty (valid, zero-page) database file with mode 0600 if none exists."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+
+
+def _set_journal_mode(dbapi_connection: sqlite3.Connection, path: Path | None) -> str:
+    """Ask for WAL; fall back to the rollback journal, with a warning, where it is refused."""
+    try:
+        mode = str(dbapi_connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise
+        mode = f"error: {exc}"
+    if mode != "wal" and path is not None:
+        warnings.warn(
+            f"{path}: the file system refused WAL ({mode}); using the rollback journal. "
+            "Readers will block during writes; move the store to a local disk to fix this.",
+            WalUnavailableWarning,
+            stacklevel=2,
+        )
+        with contextlib.suppress(sqlite3.OperationalError):
+            dbapi_connection.execute("PRAGMA journal_mode=DELETE")
+        mode = "delete"
+    return mode
+
+
+def create_store_engine(
+    url: str | os.PathLike[str] | None = None,
+    *,
+    create: bool = True,
+    busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+    wal: bool = True,
+    echo: bool = False,
+) -> Engine:
+    """Build the engine for a store with the PRAGMAs and transactional DDL every caller needs.
+
+    ``url`` is resolved with :func:`resolve_url`. With ``create=False`` a missing file
+    raises :class:`StoreNotFound` instead of being created (read-only commands).
+    Every connection gets ``foreign_keys=ON``, ``recursive_triggers=ON`` (so that
+    ``INSERT OR REPLACE`` fires the delete triggers that keep the FTS indexes exact), a busy
+    timeout, WAL where the file system allows it, and ``BEGIN`` issued by SQLAlchemy
+    itself so that DDL runs inside transactions. Pass the execution option
+    ``sqlite_begin="IMMEDIATE"`` to take the write lock when a transaction starts.
+    """
+    resolved = resolve_url(url)
+    path = db_path(resolved)
+    if path is not None:
+        if not path.exists():
+            if not create:
+                raise StoreNotFound(
+                    f"{path}: no such database. Check --db / {ENV_URL}, or create it with "
+                    "`hermes-store upgrade`."
+                )
+            create_private_file(path)
+        tighten_permissions(path)
+    engine = create_engine(
+        resolved,
+        echo=echo,
+        poolclass=NullPool,
+        connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False},
+    )
+    _install_listeners(engine, path, busy_timeout_ms=busy_timeout_ms, wal=wal)
+    return engine
+
+
+def _install_listeners(
+    engine: Engine, path: Path | None, *, busy_timeout_ms: int, wal: bool
+) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+        # Let SQLAlchemy (not the driver) decide where transactions start: required for
+        # transactional DDL and SAVEPOINT with the stdlib driver.
+        dbapi_connection.isolation_level = None
+        dbapi_connection.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        dbapi_connection.execute("PRAGMA foreign_keys=ON")
+        dbapi_connection.execute("PRAGMA recursive_triggers=ON")
+        if wal:
+            _set_journal_mode(dbapi_connection, path)
+        if path is not None:
+            tighten_permissions(path)
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = str(conn.get_execution_options().get(BEGIN_OPTION, "DEFERRED")).upper()
+        if mode not in _BEGIN_MODES:
+            raise ValueError(f"{BEGIN_OPTION} must be one of {sorted(_BEGIN_MODES)}, got {mode!r}")
+        conn.exec_driver_sql(f"BEGIN {mode}")

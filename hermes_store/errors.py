@@ -1,0 +1,35 @@
+"""Domain errors: each says what was found and what the operator should do next."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base class of every error hermes-store raises on purpose."""
+
+
+class StoreNotFound(StoreError):
+    """The database file does not exist and the command does not create one."""
+
+
+class NotADatabase(StoreError):
+    """The file exists but is not a SQLite database."""
+
+
+class SchemaTooOld(StoreError):
+    """The store predates the oldest legacy schema this package can adopt (17)."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was written by a newer schema than this package knows."""
+
+
+class UnknownSchema(StoreError):
+    """The database is SQLite but its tables are not a Hermes session store."""
+
+
+class StoreBusy(StoreError):
+    """Another process held the write lock for longer than the busy timeout."""
+
+
+class StoreReadOnly(StoreError):
+    """The database (or its directory) cannot be written."""

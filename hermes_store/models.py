@@ -1,0 +1,290 @@
+"""The schema at head as SQLAlchemy sees it (FTS5 tables and the view are raw DDL in revisions)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from sqlalchemy import (
+    INTEGER,
+    REAL,
+    TEXT,
+    Column,
+    ForeignKey,
+    Index,
+    PrimaryKeyConstraint,
+    Table,
+    desc,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+ZERO = text("0")
+EMPTY = text("''")
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every hermes-store table.
+
+    Primary keys other than composite ones are declared ``nullable=True`` because the
+    legacy DDL does not say NOT NULL on them (SQLite then allows NULL in a TEXT key);
+    the models describe the schema as it is, so that autogenerate finds no difference.
+    """
+
+
+class AgentSession(Base):
+    """One conversation of the agent on one platform (`sessions`)."""
+
+    __tablename__ = "sessions"
+
+    id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    source: Mapped[str] = mapped_column(TEXT, nullable=False)
+    user_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    session_key: Mapped[Optional[str]] = mapped_column(TEXT)
+    chat_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    chat_type: Mapped[Optional[str]] = mapped_column(TEXT)
+    thread_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    display_name: Mapped[Optional[str]] = mapped_column(TEXT)
+    origin_json: Mapped[Optional[str]] = mapped_column(TEXT)
+    expiry_finalized: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    model: Mapped[Optional[str]] = mapped_column(TEXT)
+    model_config: Mapped[Optional[str]] = mapped_column(TEXT)
+    system_prompt: Mapped[Optional[str]] = mapped_column(TEXT)
+    parent_session_id: Mapped[Optional[str]] = mapped_column(TEXT, ForeignKey("sessions.id"))
+    started_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    ended_at: Mapped[Optional[float]] = mapped_column(REAL)
+    end_reason: Mapped[Optional[str]] = mapped_column(TEXT)
+    message_count: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    tool_call_count: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    input_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    output_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    cache_read_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    cache_write_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    reasoning_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    cwd: Mapped[Optional[str]] = mapped_column(TEXT)
+    git_branch: Mapped[Optional[str]] = mapped_column(TEXT)
+    git_repo_root: Mapped[Optional[str]] = mapped_column(TEXT)
+    billing_provider: Mapped[Optional[str]] = mapped_column(TEXT)
+    billing_base_url: Mapped[Optional[str]] = mapped_column(TEXT)
+    billing_mode: Mapped[Optional[str]] = mapped_column(TEXT)
+    estimated_cost_usd: Mapped[Optional[float]] = mapped_column(REAL)
+    actual_cost_usd: Mapped[Optional[float]] = mapped_column(REAL)
+    cost_status: Mapped[Optional[str]] = mapped_column(TEXT)
+    cost_source: Mapped[Optional[str]] = mapped_column(TEXT)
+    pricing_version: Mapped[Optional[str]] = mapped_column(TEXT)
+    title: Mapped[Optional[str]] = mapped_column(TEXT)
+    api_call_count: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    handoff_state: Mapped[Optional[str]] = mapped_column(TEXT)
+    handoff_platform: Mapped[Optional[str]] = mapped_column(TEXT)
+    handoff_error: Mapped[Optional[str]] = mapped_column(TEXT)
+    compression_failure_cooldown_until: Mapped[Optional[float]] = mapped_column(REAL)
+    compression_failure_error: Mapped[Optional[str]] = mapped_column(TEXT)
+    compression_fallback_streak: Mapped[int] = mapped_column(
+        INTEGER, nullable=False, server_default=ZERO, default=0
+    )
+    rewind_count: Mapped[int] = mapped_column(
+        INTEGER, nullable=False, server_default=ZERO, default=0
+    )
+    archived: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO, default=0)
+
+    messages: Mapped[list[Message]] = relationship(
+        back_populates="session",
+        order_by="(Message.timestamp, Message.id)",
+        passive_deletes=True,
+    )
+    parent: Mapped[Optional[AgentSession]] = relationship(
+        back_populates="children", remote_side="AgentSession.id"
+    )
+    children: Mapped[list[AgentSession]] = relationship(back_populates="parent")
+
+    __table_args__ = (
+        Index("idx_sessions_source", "source"),
+        Index("idx_sessions_source_id", "source", "id"),
+        Index("idx_sessions_parent", "parent_session_id"),
+        Index("idx_sessions_started", desc("started_at")),
+        Index("idx_sessions_session_key", "session_key", desc("started_at")),
+        Index(
+            "idx_sessions_gateway_peer",
+            "source",
+            "user_id",
+            "chat_id",
+            "chat_type",
+            "thread_id",
+            desc("started_at"),
+        ),
+        Index("idx_sessions_handoff_state", "handoff_state", "started_at"),
+        Index(
+            "idx_sessions_title_unique",
+            "title",
+            unique=True,
+            sqlite_where=text("title IS NOT NULL"),
+        ),
+    )
+
+    def __repr__(self) -> str:
+        return (
+            f"AgentSession(id={self.id!r}, source={self.source!r}, messages={self.message_count})"
+        )
+
+
+class Message(Base):
+    """One message of a session (`messages`); its text is what both FTS5 indexes search."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        Index("idx_messages_session", "session_id", "timestamp"),
+        Index("idx_messages_session_active", "session_id", "active", "timestamp"),
+        Index("idx_messages_active_null", "active", sqlite_where=text("active IS NULL")),
+        Index(
+            "idx_messages_platform_msg_id",
+            "session_id",
+            "platform_message_id",
+            sqlite_where=text("platform_message_id IS NOT NULL"),
+        ),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(INTEGER, primary_key=True, autoincrement=True, nullable=True)
+    session_id: Mapped[str] = mapped_column(TEXT, ForeignKey("sessions.id"), nullable=False)
+    role: Mapped[str] = mapped_column(TEXT, nullable=False)
+    content: Mapped[Optional[str]] = mapped_column(TEXT)
+    tool_call_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    tool_calls: Mapped[Optional[str]] = mapped_column(TEXT)
+    tool_name: Mapped[Optional[str]] = mapped_column(TEXT)
+    effect_disposition: Mapped[Optional[str]] = mapped_column(TEXT)
+    timestamp: Mapped[float] = mapped_column(REAL, nullable=False)
+    token_count: Mapped[Optional[int]] = mapped_column(INTEGER)
+    finish_reason: Mapped[Optional[str]] = mapped_column(TEXT)
+    reasoning: Mapped[Optional[str]] = mapped_column(TEXT)
+    reasoning_content: Mapped[Optional[str]] = mapped_column(TEXT)
+    reasoning_details: Mapped[Optional[str]] = mapped_column(TEXT)
+    codex_reasoning_items: Mapped[Optional[str]] = mapped_column(TEXT)
+    codex_message_items: Mapped[Optional[str]] = mapped_column(TEXT)
+    platform_message_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    observed: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    active: Mapped[int] = mapped_column(
+        INTEGER, nullable=False, server_default=text("1"), default=1
+    )
+    compacted: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO, default=0)
+
+    session: Mapped[AgentSession] = relationship(back_populates="messages")
+
+    def __repr__(self) -> str:
+        return f"Message(id={self.id!r}, session_id={self.session_id!r}, role={self.role!r})"
+
+
+class StateMeta(Base):
+    """Key/value bookkeeping of the application (`state_meta`)."""
+
+    __tablename__ = "state_meta"
+
+    key: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    value: Mapped[Optional[str]] = mapped_column(TEXT)
+
+    def __repr__(self) -> str:
+        return f"StateMeta(key={self.key!r})"
+
+
+class CompressionLock(Base):
+    """A lease on a session held while it is being compressed (`compression_locks`)."""
+
+    __tablename__ = "compression_locks"
+    __table_args__ = (Index("idx_compression_locks_expires", "expires_at"),)
+
+    session_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    holder: Mapped[str] = mapped_column(TEXT, nullable=False)
+    acquired_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    expires_at: Mapped[float] = mapped_column(REAL, nullable=False)
+
+    def __repr__(self) -> str:
+        return f"CompressionLock(session_id={self.session_id!r}, holder={self.holder!r})"
+
+
+class GatewayRouting(Base):
+    """Where a gateway routes a conversation key (`gateway_routing`, schema 19)."""
+
+    __tablename__ = "gateway_routing"
+    __table_args__ = (PrimaryKeyConstraint("scope", "session_key"),)
+
+    scope: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY, default="")
+    session_key: Mapped[str] = mapped_column(TEXT, nullable=False)
+    entry_json: Mapped[str] = mapped_column(TEXT, nullable=False)
+    updated_at: Mapped[float] = mapped_column(REAL, nullable=False)
+
+    def __repr__(self) -> str:
+        return f"GatewayRouting(scope={self.scope!r}, session_key={self.session_key!r})"
+
+
+class SessionModelUsage(Base):
+    """Token and cost counters of one model inside one session (`session_model_usage`, 20)."""
+
+    __tablename__ = "session_model_usage"
+    __table_args__ = (
+        PrimaryKeyConstraint(
+            "session_id", "model", "billing_provider", "billing_base_url", "billing_mode"
+        ),
+        Index("idx_session_model_usage_session", "session_id"),
+        Index("idx_session_model_usage_model", "model"),
+    )
+
+    session_id: Mapped[str] = mapped_column(
+        TEXT, ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False
+    )
+    model: Mapped[str] = mapped_column(TEXT, nullable=False)
+    billing_provider: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY)
+    billing_base_url: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY)
+    billing_mode: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY)
+    api_call_count: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
+    input_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
+    output_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
+    cache_read_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
+    cache_write_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
+    reasoning_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
+    estimated_cost_usd: Mapped[float] = mapped_column(REAL, nullable=False, server_default=ZERO)
+    actual_cost_usd: Mapped[float] = mapped_column(REAL, nullable=False, server_default=ZERO)
+    cost_status: Mapped[Optional[str]] = mapped_column(TEXT)
+    cost_source: Mapped[Optional[str]] = mapped_column(TEXT)
+    first_seen: Mapped[Optional[float]] = mapped_column(REAL)
+    last_seen: Mapped[Optional[float]] = mapped_column(REAL)
+
+    def __repr__(self) -> str:
+        return f"SessionModelUsage(session_id={self.session_id!r}, model={self.model!r})"
+
+
+class AsyncDelegation(Base):
+    """A task delegated to another agent and its delivery state (`async_delegations`, 21)."""
+
+    __tablename__ = "async_delegations"
+    __table_args__ = (Index("idx_async_delegations_delivery", "delivery_state", "completed_at"),)
+
+    delegation_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    origin_session: Mapped[str] = mapped_column(TEXT, nullable=False)
+    origin_ui_session_id: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY)
+    parent_session_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    state: Mapped[str] = mapped_column(TEXT, nullable=False)
+    dispatched_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    completed_at: Mapped[Optional[float]] = mapped_column(REAL)
+    updated_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    event_json: Mapped[Optional[str]] = mapped_column(TEXT)
+    result_json: Mapped[Optional[str]] = mapped_column(TEXT)
+    delivery_state: Mapped[str] = mapped_column(
+        TEXT, nullable=False, server_default=text("'pending'")
+    )
+    delivery_attempts: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
+    delivered_at: Mapped[Optional[float]] = mapped_column(REAL)
+    owner_pid: Mapped[Optional[int]] = mapped_column(INTEGER)
+    owner_started_at: Mapped[Optional[int]] = mapped_column(INTEGER)
+    task_json: Mapped[Optional[str]] = mapped_column(TEXT)
+    delivery_claim: Mapped[Optional[str]] = mapped_column(TEXT)
+    delivery_claimed_at: Mapped[Optional[float]] = mapped_column(REAL)
+
+    def __repr__(self) -> str:
+        return f"AsyncDelegation(delegation_id={self.delegation_id!r}, state={self.state!r})"
+
+
+#: The legacy application's schema number: exactly one row, kept equal to the revision.
+#: Declared, not mapped: the legacy table has no primary key.
+schema_version = Table(
+    "schema_version",
+    Base.metadata,
+    Column("version", INTEGER, nullable=False),
+)
