@@ -1,0 +1,506 @@
+"""Store message text once: move both FTS5 indexes to external content over one view.
+
+In the legacy INLINE layout each FTS5 table keeps a private copy of every message's
+indexed text in its `<fts>_content` shadow table, so the text is stored three times.
+This step creates the view `messages_fts_source` (id, indexed expression), re-declares
+`messages_fts` and `messages_fts_trigram` as external-content tables over it, drops the
+two copies and recreates the six triggers under their legacy names: insert; delete via
+the FTS5 'delete' command with the OLD values and the same expression; update only when
+`content`, `tool_name` or `tool_calls` change.
+
+Two paths, chosen per index and logged:
+- in place (default when verified): when every row of `<fts>_content` equals the view's
+  row for the same id and both id sets are equal, the existing index already is the
+  external-content index; the declaration is rewritten in `sqlite_master` and the copy
+  dropped, without tokenizing anything (a lock held for the time of one scan).
+- rebuild: when verification fails (a drifted or damaged legacy index), the SQLite build
+  refuses schema edits, the index is missing, or `-x fts_convert=rebuild` asks for it:
+  the table is recreated and filled with FTS5 'rebuild', then merged with 'optimize' so
+  that appends are not slower than on the legacy index.
+
+While a deferred backfill is pending (`-x fts_backfill=deferred`, for large stores that
+cannot convert in place), `state_meta` holds `<fts>.backfill_high_water` and
+`<fts>.backfill_indexed_upto`: ids in (indexed_upto, high_water] are not in the index yet,
+and the triggers' WHEN clause leaves those rows to the backfill (a 'delete' for a row that
+was never indexed would corrupt the index). Without those keys every row is indexed.
+`UPDATE OF` also lists `id`, so a changed rowid never leaves a stale entry.
+
+Everything runs in the revision's transaction: interrupted at any point, the store is
+still at 21 with its inline indexes. A store whose indexes are already external is left
+as it is. Without the trigram tokenizer the word index converts alone; without FTS5 the
+triggers are dropped (writes keep working, search returns nothing) and a warning logged.
+
+Downgrade converts back to the inline layout, in place as well (the copies are refilled
+from the view) when each index holds exactly the view's ids, else by re-indexing.
+Nothing is lost either way: every message stays in `messages`.
+
+Revision ID: 22
+Revises: 21
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from alembic import context, op
+
+revision: str = "22"
+down_revision: str | None = "21"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+log = logging.getLogger("alembic.runtime.migration")
+
+WORD = "messages_fts"
+TRIGRAM = "messages_fts_trigram"
+VIEW = "messages_fts_source"
+
+MESSAGES_FTS_SOURCE_VIEW = """
+CREATE VIEW messages_fts_source AS
+SELECT
+    id,
+    COALESCE(content, '') || ' ' || COALESCE(tool_name, '') || ' ' || COALESCE(tool_calls, '')
+        AS content
+FROM messages
+"""
+
+#: Declarations of the external-content tables (also written into sqlite_master in place).
+EXTERNAL_TABLES = {
+    WORD: "CREATE VIRTUAL TABLE messages_fts USING fts5("
+    "content, content='messages_fts_source', content_rowid='id')",
+    TRIGRAM: "CREATE VIRTUAL TABLE messages_fts_trigram USING fts5("
+    "content, content='messages_fts_source', content_rowid='id', tokenize='trigram')",
+}
+
+#: The legacy inline declarations, as the legacy application wrote them (for downgrade).
+INLINE_TABLES = {
+    WORD: "CREATE VIRTUAL TABLE messages_fts USING fts5(content)",
+    TRIGRAM: "CREATE VIRTUAL TABLE messages_fts_trigram USING fts5(content, tokenize='trigram')",
+}
+
+MESSAGES_FTS_INSERT_TRIGGER = """
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
+WHEN new.id > coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                        WHERE key = 'messages_fts.backfill_high_water'), 0)
+  OR new.id <= coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                         WHERE key = 'messages_fts.backfill_indexed_upto'),
+                        9223372036854775807)
+BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' '
+            || COALESCE(new.tool_calls, '')
+    );
+END
+"""
+MESSAGES_FTS_DELETE_TRIGGER = """
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+WHEN old.id > coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                        WHERE key = 'messages_fts.backfill_high_water'), 0)
+  OR old.id <= coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                         WHERE key = 'messages_fts.backfill_indexed_upto'),
+                        9223372036854775807)
+BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES (
+        'delete',
+        old.id,
+        COALESCE(old.content, '') || ' ' || COALESCE(old.tool_name, '') || ' '
+            || COALESCE(old.tool_calls, '')
+    );
+END
+"""
+MESSAGES_FTS_UPDATE_TRIGGER = """
+CREATE TRIGGER messages_fts_update
+AFTER UPDATE OF id, content, tool_name, tool_calls ON messages
+WHEN old.id > coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                        WHERE key = 'messages_fts.backfill_high_water'), 0)
+  OR old.id <= coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                         WHERE key = 'messages_fts.backfill_indexed_upto'),
+                        9223372036854775807)
+BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES (
+        'delete',
+        old.id,
+        COALESCE(old.content, '') || ' ' || COALESCE(old.tool_name, '') || ' '
+            || COALESCE(old.tool_calls, '')
+    );
+    INSERT INTO messages_fts(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' '
+            || COALESCE(new.tool_calls, '')
+    );
+END
+"""
+MESSAGES_FTS_TRIGRAM_INSERT_TRIGGER = """
+CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages
+WHEN new.id > coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                        WHERE key = 'messages_fts_trigram.backfill_high_water'), 0)
+  OR new.id <= coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                         WHERE key = 'messages_fts_trigram.backfill_indexed_upto'),
+                        9223372036854775807)
+BEGIN
+    INSERT INTO messages_fts_trigram(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' '
+            || COALESCE(new.tool_calls, '')
+    );
+END
+"""
+MESSAGES_FTS_TRIGRAM_DELETE_TRIGGER = """
+CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages
+WHEN old.id > coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                        WHERE key = 'messages_fts_trigram.backfill_high_water'), 0)
+  OR old.id <= coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                         WHERE key = 'messages_fts_trigram.backfill_indexed_upto'),
+                        9223372036854775807)
+BEGIN
+    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content) VALUES (
+        'delete',
+        old.id,
+        COALESCE(old.content, '') || ' ' || COALESCE(old.tool_name, '') || ' '
+            || COALESCE(old.tool_calls, '')
+    );
+END
+"""
+MESSAGES_FTS_TRIGRAM_UPDATE_TRIGGER = """
+CREATE TRIGGER messages_fts_trigram_update
+AFTER UPDATE OF id, content, tool_name, tool_calls ON messages
+WHEN old.id > coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                        WHERE key = 'messages_fts_trigram.backfill_high_water'), 0)
+  OR old.id <= coalesce((SELECT CAST(value AS INTEGER) FROM state_meta
+                         WHERE key = 'messages_fts_trigram.backfill_indexed_upto'),
+                        9223372036854775807)
+BEGIN
+    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content) VALUES (
+        'delete',
+        old.id,
+        COALESCE(old.content, '') || ' ' || COALESCE(old.tool_name, '') || ' '
+            || COALESCE(old.tool_calls, '')
+    );
+    INSERT INTO messages_fts_trigram(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' '
+            || COALESCE(new.tool_calls, '')
+    );
+END
+"""
+EXTERNAL_TRIGGERS = {
+    WORD: (MESSAGES_FTS_INSERT_TRIGGER, MESSAGES_FTS_DELETE_TRIGGER, MESSAGES_FTS_UPDATE_TRIGGER),
+    TRIGRAM: (
+        MESSAGES_FTS_TRIGRAM_INSERT_TRIGGER,
+        MESSAGES_FTS_TRIGRAM_DELETE_TRIGGER,
+        MESSAGES_FTS_TRIGRAM_UPDATE_TRIGGER,
+    ),
+}
+
+# The legacy triggers of revision 17, repeated here for the downgrade (revisions are frozen).
+LEGACY_MESSAGES_FTS_INSERT_TRIGGER = """
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' '
+            || COALESCE(new.tool_calls, '')
+    );
+END
+"""
+LEGACY_MESSAGES_FTS_DELETE_TRIGGER = """
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+    DELETE FROM messages_fts WHERE rowid = old.id;
+END
+"""
+LEGACY_MESSAGES_FTS_UPDATE_TRIGGER = """
+CREATE TRIGGER messages_fts_update AFTER UPDATE ON messages BEGIN
+    DELETE FROM messages_fts WHERE rowid = old.id;
+    INSERT INTO messages_fts(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' '
+            || COALESCE(new.tool_calls, '')
+    );
+END
+"""
+LEGACY_MESSAGES_FTS_TRIGRAM_INSERT_TRIGGER = """
+CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts_trigram(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' '
+            || COALESCE(new.tool_calls, '')
+    );
+END
+"""
+LEGACY_MESSAGES_FTS_TRIGRAM_DELETE_TRIGGER = """
+CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages BEGIN
+    DELETE FROM messages_fts_trigram WHERE rowid = old.id;
+END
+"""
+LEGACY_MESSAGES_FTS_TRIGRAM_UPDATE_TRIGGER = """
+CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE ON messages BEGIN
+    DELETE FROM messages_fts_trigram WHERE rowid = old.id;
+    INSERT INTO messages_fts_trigram(rowid, content) VALUES (
+        new.id,
+        COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' '
+            || COALESCE(new.tool_calls, '')
+    );
+END
+"""
+LEGACY_TRIGGERS = {
+    WORD: (
+        LEGACY_MESSAGES_FTS_INSERT_TRIGGER,
+        LEGACY_MESSAGES_FTS_DELETE_TRIGGER,
+        LEGACY_MESSAGES_FTS_UPDATE_TRIGGER,
+    ),
+    TRIGRAM: (
+        LEGACY_MESSAGES_FTS_TRIGRAM_INSERT_TRIGGER,
+        LEGACY_MESSAGES_FTS_TRIGRAM_DELETE_TRIGGER,
+        LEGACY_MESSAGES_FTS_TRIGRAM_UPDATE_TRIGGER,
+    ),
+}
+TRIGGER_NAMES = {
+    WORD: ("messages_fts_insert", "messages_fts_delete", "messages_fts_update"),
+    TRIGRAM: (
+        "messages_fts_trigram_insert",
+        "messages_fts_trigram_delete",
+        "messages_fts_trigram_update",
+    ),
+}
+#: The indexed expression over `messages` aliased `m`, for verification joins.
+INDEXED_EXPRESSION = (
+    "COALESCE(m.content, '') || ' ' || COALESCE(m.tool_name, '') || ' ' "
+    "|| COALESCE(m.tool_calls, '')"
+)
+
+
+class SchemaEditRefused(Exception):
+    """This SQLite build does not let the schema table be edited (defensive mode)."""
+
+
+def _bind() -> sa.Connection:
+    return op.get_bind()
+
+
+def _scalar(sql: str) -> object:
+    return _bind().exec_driver_sql(sql).scalar()
+
+
+def _declaration(name: str) -> str | None:
+    row = (
+        _bind()
+        .execute(
+            sa.text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :name"),
+            {"name": name},
+        )
+        .first()
+    )
+    return None if row is None else str(row[0])
+
+
+def _layout(name: str) -> str:
+    """'missing', 'inline' or 'external' for one FTS5 table."""
+    sql = _declaration(name)
+    if sql is None:
+        return "missing"
+    return "external" if "content=" in sql.replace(" ", "").lower() else "inline"
+
+
+def _refusal(sql: str) -> str | None:
+    """Run `sql` in a SAVEPOINT that is always rolled back; return SQLite's refusal if any."""
+    bind = _bind()
+    savepoint = bind.begin_nested()
+    try:
+        bind.exec_driver_sql(sql)
+    except sa.exc.OperationalError as exc:
+        return str(exc.orig)
+    finally:
+        savepoint.rollback()
+    return None
+
+
+def _has_fts5() -> bool:
+    return _refusal("CREATE VIRTUAL TABLE temp.hermes_fts5_probe USING fts5(x)") is None
+
+
+def _has_trigram() -> bool:
+    return (
+        _refusal("CREATE VIRTUAL TABLE temp.hermes_trigram_probe USING fts5(x, tokenize='trigram')")
+        is None
+    )
+
+
+def _drop_triggers(name: str) -> None:
+    for trigger in TRIGGER_NAMES[name]:
+        op.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+
+
+def _verify_inline(name: str) -> str | None:
+    """Why the inline index of `name` cannot be reused as is, or None when it can."""
+    if _declaration(f"{name}_content") is None:
+        return "its content copy is missing"
+    messages = int(_scalar("SELECT count(*) FROM messages") or 0)
+    copies = int(_scalar(f"SELECT count(*) FROM {name}_content") or 0)
+    docs = int(_scalar(f"SELECT count(*) FROM {name}_docsize") or 0)
+    if not messages == copies == docs:
+        return f"it holds {copies} rows ({docs} sized) for {messages} messages"
+    matched, differing = (
+        _bind()
+        .exec_driver_sql(
+            f"SELECT count(*), coalesce(sum(c.c0 IS NOT {INDEXED_EXPRESSION}), 0) "
+            f"FROM {name}_content AS c JOIN messages AS m ON m.id = c.id"
+        )
+        .one()
+    )
+    if matched != messages:
+        return f"{messages - int(matched)} message ids are not in it"
+    if differing:
+        return f"{int(differing)} rows differ from their messages"
+    return None
+
+
+def _bump_schema_cookie() -> None:
+    cookie = int(_scalar("PRAGMA schema_version") or 0)
+    op.execute(f"PRAGMA schema_version = {cookie + 1}")
+
+
+def _rewrite_declaration(name: str, sql: str) -> None:
+    """Replace a virtual table's declaration in sqlite_master; raise if the build refuses."""
+    bind = _bind()
+    try:
+        bind.exec_driver_sql("PRAGMA writable_schema = ON")
+        bind.execute(
+            sa.text("UPDATE sqlite_master SET sql = :sql WHERE type = 'table' AND name = :name"),
+            {"sql": sql, "name": name},
+        )
+    except sa.exc.OperationalError as exc:
+        raise SchemaEditRefused(str(exc.orig)) from exc
+    finally:
+        bind.exec_driver_sql("PRAGMA writable_schema = OFF")
+    _bump_schema_cookie()
+
+
+def _convert_in_place(name: str) -> str | None:
+    """Re-declare a verified inline index as external content; return why not, if refused."""
+    bind = _bind()
+    savepoint = bind.begin_nested()
+    try:
+        _rewrite_declaration(name, EXTERNAL_TABLES[name])
+        op.execute(f"DROP TABLE {name}_content")
+    except (SchemaEditRefused, sa.exc.OperationalError) as exc:
+        savepoint.rollback()
+        return f"this SQLite refuses schema edits ({exc})"
+    savepoint.commit()
+    return None
+
+
+def _rebuild_external(name: str, deferred: bool) -> str:
+    """Recreate `name` as external content and fill it now, or leave the fill deferred."""
+    op.execute(f"DROP TABLE IF EXISTS {name}")
+    op.execute(EXTERNAL_TABLES[name])
+    high_water = int(_scalar("SELECT coalesce(max(id), 0) FROM messages") or 0)
+    if deferred and high_water:
+        # Rows up to the high-water mark are indexed later, in short chunks, by
+        # `hermes-store optimize-storage`; the triggers leave that range alone until then.
+        _bind().execute(
+            sa.text("INSERT OR REPLACE INTO state_meta (key, value) VALUES (:key, :value)"),
+            [
+                {"key": f"{name}.backfill_high_water", "value": str(high_water)},
+                {"key": f"{name}.backfill_indexed_upto", "value": "0"},
+            ],
+        )
+        return f"left empty for a deferred backfill of ids 1..{high_water}"
+    op.execute(f"INSERT INTO {name}({name}) VALUES ('rebuild')")
+    # A freshly rebuilt index is slower to append to until merged.
+    op.execute(f"INSERT INTO {name}({name}) VALUES ('optimize')")
+    return "built from the view"
+
+
+def _convert(name: str, forced_rebuild: bool, deferred: bool) -> None:
+    layout = _layout(name)
+    _drop_triggers(name)
+    if layout == "external":
+        log.info("%s: already external content, left as it is", name)
+    elif layout == "missing":
+        done = _rebuild_external(name, deferred)
+        log.info("%s: was missing; created as external content and %s", name, done)
+    else:
+        why = "-x fts_convert=rebuild was given" if forced_rebuild else _verify_inline(name)
+        if why is None:
+            why = _convert_in_place(name)
+            if why is None:
+                log.info("%s: converted in place (legacy index verified exact)", name)
+        if why is not None:
+            done = _rebuild_external(name, deferred)
+            log.info("%s: re-created as external content and %s, because %s", name, done, why)
+    for ddl in EXTERNAL_TRIGGERS[name]:
+        op.execute(ddl)
+
+
+def upgrade() -> None:
+    x_args = context.get_x_argument(as_dictionary=True)
+    mode = x_args.get("fts_convert", "auto")
+    if mode not in ("auto", "rebuild"):
+        raise ValueError(f"-x fts_convert must be 'auto' or 'rebuild', got {mode!r}")
+    backfill = x_args.get("fts_backfill", "immediate")
+    if backfill not in ("immediate", "deferred"):
+        raise ValueError(f"-x fts_backfill must be 'immediate' or 'deferred', got {backfill!r}")
+    op.execute(f"DROP VIEW IF EXISTS {VIEW}")
+    op.execute(MESSAGES_FTS_SOURCE_VIEW)
+    if not _has_fts5():
+        for name in (WORD, TRIGRAM):
+            _drop_triggers(name)
+        log.warning(
+            "this SQLite has no FTS5: search indexes left out, search returns nothing; "
+            "upgrade again on a SQLite with FTS5 to build them"
+        )
+    else:
+        deferred = backfill == "deferred"
+        _convert(WORD, mode == "rebuild", deferred)
+        if _layout(TRIGRAM) != "missing" or _has_trigram():
+            _convert(TRIGRAM, mode == "rebuild", deferred)
+        else:
+            log.warning("this SQLite has no trigram tokenizer: CJK search will use LIKE scans")
+    op.execute("UPDATE schema_version SET version = 22")
+
+
+def _ids_match(name: str) -> bool:
+    """True when the external index has exactly one document per message id."""
+    messages = int(_scalar("SELECT count(*) FROM messages") or 0)
+    docs = int(_scalar(f"SELECT count(*) FROM {name}_docsize") or 0)
+    joined = int(
+        _scalar(f"SELECT count(*) FROM {name}_docsize AS d JOIN messages AS m ON m.id = d.id") or 0
+    )
+    return messages == docs == joined
+
+
+def _revert(name: str) -> None:
+    _drop_triggers(name)
+    if _layout(name) == "external":
+        bind = _bind()
+        savepoint = bind.begin_nested()
+        try:
+            if not _ids_match(name):
+                raise SchemaEditRefused("its documents differ from the messages")
+            op.execute(f"CREATE TABLE '{name}_content'(id INTEGER PRIMARY KEY, c0)")
+            op.execute(f"INSERT INTO {name}_content (id, c0) SELECT id, content FROM {VIEW}")
+            _rewrite_declaration(name, INLINE_TABLES[name])
+            savepoint.commit()
+            log.info("%s: converted back to inline in place", name)
+        except (SchemaEditRefused, sa.exc.OperationalError) as exc:
+            savepoint.rollback()
+            op.execute(f"DROP TABLE IF EXISTS {name}")
+            op.execute(INLINE_TABLES[name])
+            op.execute(f"INSERT INTO {name}(rowid, content) SELECT id, content FROM {VIEW}")
+            log.info("%s: re-indexed as inline because %s", name, exc)
+    for ddl in LEGACY_TRIGGERS[name]:
+        op.execute(ddl)
+
+
+def downgrade() -> None:
+    # A pending deferred backfill is abandoned: the inline indexes are rebuilt whole.
+    if _has_fts5():
+        for name in (WORD, TRIGRAM):
+            if _layout(name) != "missing":
+                _revert(name)
+    op.execute("DELETE FROM state_meta WHERE key LIKE 'messages_fts%.backfill_%'")
+    op.execute(f"DROP VIEW IF EXISTS {VIEW}")
+    op.execute("UPDATE schema_version SET version = 21")

@@ -1,0 +1,103 @@
+"""FTS5 layout introspection, integrity checks and index maintenance."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
+
+log = logging.getLogger(__name__)
+
+WORD_INDEX = "messages_fts"
+TRIGRAM_INDEX = "messages_fts_trigram"
+INDEXES = (WORD_INDEX, TRIGRAM_INDEX)
+SOURCE_VIEW = "messages_fts_source"
+TRIGGERS = (
+    "messages_fts_insert",
+    "messages_fts_delete",
+    "messages_fts_update",
+    "messages_fts_trigram_insert",
+    "messages_fts_trigram_delete",
+    "messages_fts_trigram_update",
+)
+
+
+def _declaration(conn: Connection, name: str) -> str | None:
+    row = conn.execute(
+        text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :name"),
+        {"name": name},
+    ).first()
+    return None if row is None else str(row[0])
+
+
+def index_layout(conn: Connection, name: str) -> str:
+    """'external', 'inline' or 'none' for one FTS5 table."""
+    sql = _declaration(conn, name)
+    if sql is None:
+        return "none"
+    compact = sql.replace(" ", "").lower()
+    return "external" if f"content='{SOURCE_VIEW}'" in compact else "inline"
+
+
+def layout(conn: Connection) -> str:
+    """The store's search layout, from its word index: 'external', 'inline' or 'none'."""
+    return index_layout(conn, WORD_INDEX)
+
+
+def present_indexes(conn: Connection) -> list[str]:
+    """The FTS5 indexes this store has, word index first."""
+    return [name for name in INDEXES if _declaration(conn, name) is not None]
+
+
+@dataclass
+class CheckResult:
+    """Outcome of the integrity checks: what was checked and what is broken."""
+
+    checked: list[str] = field(default_factory=list)
+    problems: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when every check passed."""
+        return not self.problems
+
+
+def check_index(conn: Connection, name: str) -> str | None:
+    """Run FTS5 'integrity-check' with rank 1 (index versus its content); return the error."""
+    savepoint = conn.begin_nested() if conn.in_transaction() else conn.begin()
+    try:
+        conn.exec_driver_sql(f"INSERT INTO {name}({name}, rank) VALUES ('integrity-check', 1)")
+    except DBAPIError as exc:
+        return str(exc.orig)
+    finally:
+        savepoint.rollback()
+    return None
+
+
+def integrity_check(conn: Connection, *, quick: bool = False) -> CheckResult:
+    """`PRAGMA integrity_check` (or quick_check) plus the FTS5 check of every index."""
+    result = CheckResult()
+    pragma = "quick_check" if quick else "integrity_check"
+    rows = [str(r[0]) for r in conn.exec_driver_sql(f"PRAGMA {pragma}")]
+    result.checked.append(f"PRAGMA {pragma}")
+    if rows != ["ok"]:
+        result.problems["database"] = "; ".join(rows[:10])
+    for name in present_indexes(conn):
+        result.checked.append(name)
+        error = check_index(conn, name)
+        if error is not None:
+            result.problems[name] = error
+    return result
+
+
+def optimize_index(conn: Connection, name: str) -> None:
+    """Merge an index's segments into one (FTS5 'optimize')."""
+    conn.exec_driver_sql(f"INSERT INTO {name}({name}) VALUES ('optimize')")
+
+
+def rebuild_index(conn: Connection, name: str) -> None:
+    """Refill an index from its content (FTS5 'rebuild'), then merge it."""
+    conn.exec_driver_sql(f"INSERT INTO {name}({name}) VALUES ('rebuild')")
+    optimize_index(conn, name)
