@@ -1,0 +1,507 @@
+"""The message-search contract (shared/spec/search.md): sanitising, routing, filters, context."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from sqlalchemy import (
+    ColumnElement,
+    Float,
+    Integer,
+    Select,
+    String,
+    and_,
+    bindparam,
+    column,
+    func,
+    literal_column,
+    null,
+    or_,
+    select,
+    table,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+__all__ = [
+    "MAX_QUERY_CHARS",
+    "TRIGRAM_INDEX",
+    "WORD_INDEX",
+    "ContextMessage",
+    "SearchHit",
+    "contains_cjk",
+    "count_cjk",
+    "match_selectable",
+    "sanitize_query",
+    "search_messages",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_QUERY_CHARS = 2048
+WORD_INDEX = "messages_fts"
+TRIGRAM_INDEX = "messages_fts_trigram"
+CONTEXT_CHARS = 200
+CONTENT_JSON_PREFIX = "\x00json:"
+MULTIMODAL_PLACEHOLDER = "[multimodal content]"
+
+_OPERATORS = frozenset({"AND", "OR", "NOT"})
+_CJK_RANGES = (
+    (0x4E00, 0x9FFF),  # CJK Unified Ideographs
+    (0x3400, 0x4DBF),  # CJK Extension A
+    (0x20000, 0x2A6DF),  # CJK Extension B
+    (0x3000, 0x303F),  # CJK Symbols and Punctuation
+    (0x3040, 0x309F),  # Hiragana
+    (0x30A0, 0x30FF),  # Katakana
+    (0xAC00, 0xD7AF),  # Hangul Syllables
+)
+# Each kept phrase is replaced by one private-use character absent from the query, so a
+# placeholder can never collide with user text and is neither a word character, whitespace,
+# nor one of the characters the later steps rewrite.
+_PLACEHOLDER_CODEPOINTS = range(0xE000, 0xF900)
+_FTS_SPECIAL = re.compile(r'[+{}():"^]')
+_STAR_RUN = re.compile(r"\*+")
+_BARE_STAR = re.compile(r"(^|\s)\*")
+_LEADING_OPERATOR = re.compile(r"^(AND|OR|NOT)\b\s*", re.IGNORECASE)
+_TRAILING_OPERATOR = re.compile(r"\s+(AND|OR|NOT)\s*$", re.IGNORECASE)
+_JOINED_TERM = re.compile(r"\b(\w+(?:[._-]\w+)+)\b")
+
+_IN_CHUNK = 500  # ids per IN (...) of the context lookup, far below SQLite's variable limit
+
+_messages = table(
+    "messages",
+    column("id", Integer),
+    column("session_id", String),
+    column("role", String),
+    column("content", String),
+    column("tool_name", String),
+    column("tool_calls", String),
+    column("timestamp", Float),
+    column("active", Integer),
+    column("compacted", Integer),
+)
+_sessions = table(
+    "sessions",
+    column("id", String),
+    column("source", String),
+    column("model", String),
+    column("started_at", Float),
+)
+_m = _messages.alias("m")
+_s = _sessions.alias("s")
+_indexes = {
+    name: table(name, column("rowid", Integer), column("rank", Float))
+    for name in (WORD_INDEX, TRIGRAM_INDEX)
+}
+_sqlite_master = table("sqlite_master", column("type", String), column("name", String))
+
+# The context window of a hit ``t``: the ids of its session's previous and next messages in
+# (timestamp, id) order, every row of the session included whatever its visibility flags.
+_target = _messages.alias("t")
+_other = _messages.alias("n")
+_same_time = _other.c.timestamp == _target.c.timestamp
+_previous_id = (
+    select(_other.c.id)
+    .where(
+        _other.c.session_id == _target.c.session_id,
+        or_(_other.c.timestamp < _target.c.timestamp, and_(_same_time, _other.c.id < _target.c.id)),
+    )
+    .order_by(_other.c.timestamp.desc(), _other.c.id.desc())
+    .limit(1)
+    .scalar_subquery()
+)
+_next_id = (
+    select(_other.c.id)
+    .where(
+        _other.c.session_id == _target.c.session_id,
+        or_(_other.c.timestamp > _target.c.timestamp, and_(_same_time, _other.c.id > _target.c.id)),
+    )
+    .order_by(_other.c.timestamp.asc(), _other.c.id.asc())
+    .limit(1)
+    .scalar_subquery()
+)
+_window = select(_target.c.id, _previous_id, _next_id)
+
+
+class ContextMessage(TypedDict):
+    """One neighbour (or the hit itself) in a hit's context window."""
+
+    role: str
+    content: str
+
+
+class SearchHit(TypedDict):
+    """One result of :func:`search_messages`, with exactly the keys of the contract."""
+
+    id: int
+    session_id: str
+    role: str
+    snippet: str | None
+    timestamp: float
+    tool_name: str | None
+    source: str
+    model: str | None
+    session_started: float
+    context: list[ContextMessage]
+
+
+@dataclass(frozen=True)
+class _Route:
+    """Where a sanitised query is answered: an FTS index (``index``) or the LIKE scan (None)."""
+
+    index: str | None
+    match: str
+    like_tokens: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Filters:
+    """The caller's filters, as the contract applies them."""
+
+    include_inactive: bool = False
+    source_filter: Sequence[str] | None = None
+    exclude_sources: Sequence[str] | None = None
+    role_filter: Sequence[str] | None = None
+
+
+def _is_cjk(char: str) -> bool:
+    """Tell whether one character is in the contract's CJK ranges."""
+    code = ord(char)
+    return any(low <= code <= high for low, high in _CJK_RANGES)
+
+
+def contains_cjk(text: str) -> bool:
+    """Tell whether ``text`` has at least one CJK character (the contract's ranges)."""
+    return any(_is_cjk(char) for char in text)
+
+
+def count_cjk(text: str) -> int:
+    """Count the CJK characters of ``text``."""
+    return sum(1 for char in text if _is_cjk(char))
+
+
+def _free_placeholders(text: str) -> Iterator[str]:
+    """Yield private-use characters that do not occur in ``text``."""
+    used = set(text)
+    return (chr(code) for code in _PLACEHOLDER_CODEPOINTS if chr(code) not in used)
+
+
+def _set_phrases_aside(query: str) -> tuple[str, dict[str, str]]:
+    """Replace balanced ``"..."`` phrases by placeholders and unmatched quotes by spaces."""
+    placeholders = _free_placeholders(query)
+    phrases: dict[str, str] = {}
+    pieces: list[str] = []
+    position = 0
+    while (start := query.find('"', position)) != -1:
+        pieces.append(query[position:start])
+        end = query.find('"', start + 1)
+        if end == -1:  # unmatched: no quote can follow, the rest is plain text
+            pieces.append(" ")
+            position = start + 1
+            break
+        placeholder = next(placeholders)
+        phrases[placeholder] = query[start : end + 1]
+        pieces.append(placeholder)
+        position = end + 1
+    pieces.append(query[position:])
+    return "".join(pieces), phrases
+
+
+def sanitize_query(query: str) -> str:
+    """Turn user input into a safe FTS5 query, steps 1 to 7 of the contract, in order."""
+    text, phrases = _set_phrases_aside(query[:MAX_QUERY_CHARS])
+    text = _FTS_SPECIAL.sub(" ", text)
+    text = _BARE_STAR.sub(r"\1", _STAR_RUN.sub("*", text))
+    text = _LEADING_OPERATOR.sub("", text.strip())
+    text = _TRAILING_OPERATOR.sub("", text.strip())
+    text = _JOINED_TERM.sub(r'"\1"', text)
+    if phrases:
+        text = text.translate({ord(placeholder): phrase for placeholder, phrase in phrases.items()})
+    return text.strip()
+
+
+def _quote_token(token: str) -> str:
+    """Quote one token as an FTS5 string, doubling inner quotes."""
+    return '"' + token.replace('"', '""') + '"'
+
+
+def _route(sanitized: str, *, trigram: bool) -> _Route:
+    """Pick the index (or the LIKE scan) that answers a sanitised query."""
+    if not contains_cjk(sanitized):
+        return _Route(WORD_INDEX, sanitized, ())
+    raw = sanitized.strip('"').strip()
+    tokens = raw.split()
+    terms = tuple(token for token in tokens if token.upper() not in _OPERATORS)
+    like_tokens = terms or (raw,)
+    long_enough = count_cjk(raw) >= 3 and all(
+        count_cjk(term) >= 3 for term in terms if contains_cjk(term)
+    )
+    if trigram and long_enough:
+        match = " ".join(
+            token if token.upper() in _OPERATORS else _quote_token(token) for token in tokens
+        )
+        return _Route(TRIGRAM_INDEX, match, like_tokens)
+    return _Route(None, "", like_tokens)
+
+
+def _escape_like(token: str) -> str:
+    """Escape ``\\``, ``%`` and ``_`` for a LIKE pattern with ``\\`` as the escape character."""
+    return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _filter_criteria(filters: _Filters, *, visibility: bool) -> list[ColumnElement[bool]]:
+    """Build the WHERE terms of the caller's filters (visibility only where the path has it)."""
+    criteria: list[ColumnElement[bool]] = []
+    if visibility and not filters.include_inactive:
+        one = literal_column("1", Integer)
+        criteria.append(or_(_m.c.active == one, _m.c.compacted == one))
+    if filters.source_filter is not None:
+        criteria.append(_s.c.source.in_(list(filters.source_filter)))
+    if filters.exclude_sources is not None:
+        criteria.append(_s.c.source.not_in(list(filters.exclude_sources)))
+    if filters.role_filter:
+        criteria.append(_m.c.role.in_(list(filters.role_filter)))
+    return criteria
+
+
+def _hits_select(route: _Route, filters: _Filters) -> Select[*tuple[Any, ...]]:
+    """Select ``id``, ``rank`` and ``snippet`` of the messages a route matches, filtered."""
+    if route.index is not None:
+        index = _indexes[route.index]
+        snippet = literal_column(f"snippet({route.index}, 0, '>>>', '<<<', '...', 40)", String)
+        matches = literal_column(route.index).op("MATCH")(
+            bindparam("match", route.match, String, unique=True)
+        )
+        return (
+            select(_m.c.id, index.c.rank.label("rank"), snippet.label("snippet"))
+            .select_from(
+                index.join(_m, _m.c.id == index.c.rowid).join(_s, _s.c.id == _m.c.session_id)
+            )
+            .where(matches, *_filter_criteria(filters, visibility=True))
+        )
+    # The LIKE scan: one condition per token, OR-joined. Compatibility quirk kept from the
+    # legacy application: this path ignores the active/compacted visibility filter.
+    conditions = []
+    for token in route.like_tokens:
+        pattern = bindparam("like", f"%{_escape_like(token)}%", String, unique=True)
+        conditions.append(
+            or_(
+                _m.c.content.like(pattern, escape="\\"),
+                _m.c.tool_name.like(pattern, escape="\\"),
+                _m.c.tool_calls.like(pattern, escape="\\"),
+            )
+        )
+    first = bindparam("first_token", route.like_tokens[0], String, unique=True)
+    start: ColumnElement[Any] = func.max(
+        literal_column("1"), func.instr(_m.c.content, first) - literal_column("40")
+    )
+    snippet_expr = func.substr(_m.c.content, start, literal_column("120"), type_=String)
+    return (
+        select(_m.c.id, null().label("rank"), snippet_expr.label("snippet"))
+        .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
+        .where(or_(*conditions), *_filter_criteria(filters, visibility=False))
+    )
+
+
+def match_selectable(
+    query: str,
+    *,
+    include_inactive: bool = False,
+    source_filter: Sequence[str] | None = None,
+    exclude_sources: Sequence[str] | None = None,
+    role_filter: Sequence[str] | None = None,
+    trigram: bool = True,
+) -> Select[*tuple[Any, ...]] | None:
+    """Select ``id``, ``rank``, ``snippet`` of matching messages, as search_messages routes them."""
+    sanitized = sanitize_query(query)
+    if not sanitized:
+        return None
+    filters = _Filters(
+        include_inactive=include_inactive,
+        source_filter=source_filter,
+        exclude_sources=exclude_sources,
+        role_filter=role_filter,
+    )
+    return _hits_select(_route(sanitized, trigram=trigram), filters)
+
+
+def _normalise_sort(sort: object) -> str | None:
+    """Return ``"newest"`` or ``"oldest"`` (case-insensitive, trimmed), else None (rank)."""
+    if isinstance(sort, str) and sort.strip().lower() in ("newest", "oldest"):
+        return sort.strip().lower()
+    return None
+
+
+def _results_select(
+    route: _Route, filters: _Filters, sort: str | None, limit: int, offset: int
+) -> Select[*tuple[Any, ...]]:
+    """Extend the hits select with the result columns, the contract's ORDER BY and the page."""
+    statement = _hits_select(route, filters).add_columns(
+        _m.c.session_id,
+        _m.c.role,
+        _m.c.timestamp,
+        _m.c.tool_name,
+        _s.c.source,
+        _s.c.model,
+        _s.c.started_at.label("session_started"),
+    )
+    rank: ColumnElement[Any] = literal_column("rank")
+    if route.index is None:
+        statement = statement.order_by(_m.c.timestamp.desc())
+    elif sort == "newest":
+        statement = statement.order_by(_m.c.timestamp.desc(), rank)
+    elif sort == "oldest":
+        statement = statement.order_by(_m.c.timestamp.asc(), rank)
+    else:
+        statement = statement.order_by(rank)
+    return statement.limit(limit).offset(offset)
+
+
+def _fts_tables(conn: Connection) -> set[str]:
+    """Return which of the two FTS indexes exist in the database."""
+    statement = select(_sqlite_master.c.name).where(
+        _sqlite_master.c.type == "table", _sqlite_master.c.name.in_([WORD_INDEX, TRIGRAM_INDEX])
+    )
+    return set(conn.execute(statement).scalars())
+
+
+def _fetch_hits(
+    conn: Connection, route: _Route, filters: _Filters, sort: str | None, limit: int, offset: int
+) -> list[dict[str, Any]] | None:
+    """Run one route; None when its index rejected the query (the caller decides what next)."""
+    statement = _results_select(route, filters, sort, limit, offset)
+    try:
+        rows = conn.execute(statement).mappings().all()
+    except UnicodeEncodeError:  # lone surrogates cannot be bound: nothing can match them
+        log.debug("search: query or filter not encodable as UTF-8; no results")
+        return []
+    except OperationalError as exc:
+        if route.index is None:
+            raise
+        log.debug("search: %s rejected the query (%s)", route.index, type(exc.orig).__name__)
+        return None
+    return [dict(row) for row in rows]
+
+
+def _context_text(raw: object) -> str:
+    """Render stored content for a context entry: decoded, multimodal flattened, cut."""
+    value: object = raw
+    if isinstance(raw, str) and raw.startswith(CONTENT_JSON_PREFIX):
+        try:
+            value = json.loads(raw[len(CONTENT_JSON_PREFIX) :])
+        except ValueError:  # undecodable: shown as stored, like the legacy application
+            value = raw
+    if isinstance(value, list):
+        parts = (
+            part.get("text", "")
+            for part in value
+            if isinstance(part, dict) and part.get("type") == "text" and part.get("text")
+        )
+        text = " ".join(parts).strip() or MULTIMODAL_PLACEHOLDER
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = ""
+    return text[:CONTEXT_CHARS]
+
+
+def _chunks(ids: Sequence[int]) -> Iterator[list[int]]:
+    """Split ids into IN-list sized chunks."""
+    for start in range(0, len(ids), _IN_CHUNK):
+        yield list(ids[start : start + _IN_CHUNK])
+
+
+def _neighbour_ids(conn: Connection, hit_ids: Sequence[int]) -> dict[int, list[int]]:
+    """Map each hit id to [previous, hit, next] message ids of its session, by (timestamp, id)."""
+    windows: dict[int, list[int]] = {}
+    for chunk in _chunks(hit_ids):
+        for hit_id, previous_id, next_id in conn.execute(_window.where(_target.c.id.in_(chunk))):
+            windows[hit_id] = [i for i in (previous_id, hit_id, next_id) if i is not None]
+    return windows
+
+
+def _contexts(conn: Connection, hit_ids: Sequence[int]) -> dict[int, list[ContextMessage]]:
+    """Look up the context window of every hit in two statements per chunk of hits."""
+    windows = _neighbour_ids(conn, hit_ids)
+    wanted = sorted({i for window in windows.values() for i in window})
+    rows: dict[int, tuple[str, object]] = {}
+    for chunk in _chunks(wanted):
+        statement = select(_m.c.id, _m.c.role, _m.c.content).where(_m.c.id.in_(chunk))
+        rows.update({row.id: (row.role, row.content) for row in conn.execute(statement)})
+    contexts: dict[int, list[ContextMessage]] = {}
+    for hit_id, window in windows.items():
+        try:
+            contexts[hit_id] = [
+                ContextMessage(role=rows[i][0], content=_context_text(rows[i][1]))
+                for i in window
+                if i in rows
+            ]
+        except Exception:  # the contract: a hit whose context cannot be built gets []
+            log.debug("search: context of message %s could not be built", hit_id, exc_info=True)
+            contexts[hit_id] = []
+    return contexts
+
+
+def search_messages(
+    conn: Connection | Session,
+    query: str,
+    source_filter: Sequence[str] | None = None,
+    exclude_sources: Sequence[str] | None = None,
+    role_filter: Sequence[str] | None = None,
+    limit: int = 20,
+    offset: int = 0,
+    sort: str | None = None,
+    include_inactive: bool = False,
+) -> list[SearchHit]:
+    """Search message text exactly as the legacy application did (shared/spec/search.md)."""
+    if not query or not query.strip():
+        return []
+    sanitized = sanitize_query(query)
+    if not sanitized:
+        return []
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    tables = _fts_tables(connection)
+    if WORD_INDEX not in tables:  # FTS5 unavailable: the legacy store searches nothing
+        log.debug("search: no %s table; no results", WORD_INDEX)
+        return []
+    route = _route(sanitized, trigram=TRIGRAM_INDEX in tables)
+    filters = _Filters(
+        include_inactive=include_inactive,
+        source_filter=source_filter,
+        exclude_sources=exclude_sources,
+        role_filter=role_filter,
+    )
+    order = _normalise_sort(sort)
+    rows = _fetch_hits(connection, route, filters, order, limit, offset)
+    if rows is None and route.index == TRIGRAM_INDEX:  # trigram rejected it: LIKE scan
+        route = _Route(None, "", route.like_tokens)
+        rows = _fetch_hits(connection, route, filters, order, limit, offset)
+    if not rows:  # None here: the word index rejected the query (FTS5 syntax error)
+        return []
+    log.debug("search: %d hit(s) from %s", len(rows), route.index or "LIKE scan")
+    try:
+        contexts = _contexts(connection, [row["id"] for row in rows])
+    except Exception:  # the contract: a failed context lookup leaves every hit with []
+        log.debug("search: context lookup failed", exc_info=True)
+        contexts = {}
+    return [
+        SearchHit(
+            id=row["id"],
+            session_id=row["session_id"],
+            role=row["role"],
+            snippet=row["snippet"],
+            timestamp=row["timestamp"],
+            tool_name=row["tool_name"],
+            source=row["source"],
+            model=row["model"],
+            session_started=row["session_started"],
+            context=contexts.get(row["id"], []),
+        )
+        for row in rows
+    ]
