@@ -6,7 +6,7 @@ from logging.config import fileConfig
 
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Column, Connection
+from sqlalchemy import Column, Connection, Engine
 
 from alembic import context
 from hermes_store import migrate
@@ -97,13 +97,18 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     """Run on the caller's connection, or open the store the URL resolution picks."""
     connection = config.attributes.get("connection")
+    if isinstance(connection, Engine):  # pytest-alembic passes its `alembic_engine`
+        with connection.connect() as conn:
+            conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+            run_on(conn)
+        return
     if connection is not None:
         run_on(connection)
         return
     x_args = context.get_x_argument(as_dictionary=True)
     try:
         url, _state = migrate.prepare(x_args.get("db") or None)
-        engine = create_store_engine(url)
+        engine = create_store_engine(url, create=_adopts())
     except StoreError as exc:
         raise CommandError(str(exc)) from None
     try:

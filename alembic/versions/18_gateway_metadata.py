@@ -36,11 +36,13 @@ depends_on: str | Sequence[str] | None = None
 
 log = logging.getLogger("alembic.runtime.migration")
 
-NEW_COLUMNS = (
-    "ALTER TABLE sessions ADD COLUMN display_name TEXT",
-    "ALTER TABLE sessions ADD COLUMN origin_json TEXT",
-    "ALTER TABLE sessions ADD COLUMN expiry_finalized INTEGER DEFAULT 0",
-)
+#: Added only when missing: a legacy build adds its columns on every open but bumps the
+#: version only when its FTS work succeeds, so a store stamped 17 may already have them.
+NEW_COLUMNS = {
+    "display_name": "ALTER TABLE sessions ADD COLUMN display_name TEXT",
+    "origin_json": "ALTER TABLE sessions ADD COLUMN origin_json TEXT",
+    "expiry_finalized": "ALTER TABLE sessions ADD COLUMN expiry_finalized INTEGER DEFAULT 0",
+}
 
 BACKFILL_UPDATE = sa.text(
     """
@@ -118,8 +120,10 @@ def _backfill(path: Path) -> int:
 
 
 def upgrade() -> None:
-    for ddl in NEW_COLUMNS:
-        op.execute(ddl)
+    existing = {row[1] for row in op.get_bind().exec_driver_sql("PRAGMA table_info(sessions)")}
+    for column, ddl in NEW_COLUMNS.items():
+        if column not in existing:
+            op.execute(ddl)
     path = _hermes_home() / "sessions" / "sessions.json"
     updated = _backfill(path)
     if updated:

@@ -1,0 +1,347 @@
+"""The revision chain: pytest-alembic's built-in checks, a stairway over every revision, and
+data tests that put rows in front of a revision and check what it did with them."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from legacy import ddl
+from legacy.build import build_legacy_store, insert_legacy_rows
+from legacy.schema import diff_snapshots, schema_snapshot, table_data
+from pytest_alembic.tests import (  # noqa: F401  (collected by pytest from this module)
+    test_model_definitions_match_ddl,
+    test_single_head_revision,
+    test_up_down_consistency,
+    test_upgrade,
+)
+from sqlalchemy import Engine
+
+from hermes_store import migrate
+
+#: Every revision, oldest first.
+REVISIONS = [
+    script.revision for script in reversed(list(migrate.script_directory().walk_revisions()))
+]
+
+
+def test_revisions_are_the_legacy_schema_numbers_then_the_fts_conversion() -> None:
+    assert REVISIONS == ["17", "18", "19", "20", "21", "22"]
+    assert migrate.head_revision() == "22"
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _query(engine: Engine, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of `sql` on a fresh stdlib connection to the engine's file (sees committed data)."""
+    conn = sqlite3.connect(engine.url.database or "")
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def _tables(engine: Engine) -> set[str]:
+    return {row[0] for row in _query(engine, "SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def _schema_version(engine: Engine) -> list[tuple[Any, ...]] | None:
+    """The rows of schema_version, or None when the table does not exist (at base)."""
+    if "schema_version" not in _tables(engine):
+        return None
+    return _query(engine, "SELECT version FROM schema_version")
+
+
+def _expected_version(revision: str | None) -> list[tuple[int]] | None:
+    return None if revision in (None, "base") else [(int(revision),)]
+
+
+def _snapshot(engine: Engine) -> dict[str, Any]:
+    return schema_snapshot(engine.url.database or "")
+
+
+def _fts_ids(engine: Engine, table: str, query: str) -> list[int]:
+    rows = _query(engine, f"SELECT rowid FROM {table} WHERE {table} MATCH '{query}' ORDER BY rowid")
+    return [row[0] for row in rows]
+
+
+SESSION = {
+    "id": "s1",
+    "source": "telegram",
+    "user_id": "u1",
+    "model": "claude",
+    "started_at": 1_700_000_000.5,
+    "ended_at": 1_700_000_100.25,
+    "title": "Paris trip",
+    "input_tokens": 10,
+    "output_tokens": 20,
+}
+CHILD = {"id": "s2", "source": "cli", "parent_session_id": "s1", "started_at": 1_700_000_200.0}
+MESSAGES = [
+    {"session_id": "s1", "role": "user", "content": "plan a trip to Paris", "timestamp": 1.0},
+    {
+        "session_id": "s1",
+        "role": "assistant",
+        "content": None,
+        "tool_name": "web_search",
+        "tool_calls": '[{"id": "c1", "function": {"name": "web_search"}}]',
+        "timestamp": 2.0,
+    },
+    {"session_id": "s2", "role": "user", "content": '\x00json:[{"type": "text"}]', "timestamp": 3},
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Stairway
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_stairway_up_down_up(alembic_runner: Any, alembic_engine: Engine, revision: str) -> None:
+    """Upgrading to each revision, downgrading one step and upgrading again is lossless for the
+    schema, and schema_version follows the revision at every step."""
+    alembic_runner.migrate_up_before(revision)
+    previous = alembic_runner.current
+    before = _snapshot(alembic_engine)
+    assert _schema_version(alembic_engine) == _expected_version(previous)
+
+    alembic_runner.migrate_up_one()
+    assert alembic_runner.current == revision
+    after = _snapshot(alembic_engine)
+    assert _schema_version(alembic_engine) == _expected_version(revision)
+    assert after != before, f"revision {revision} changed nothing"
+
+    alembic_runner.migrate_down_one()
+    assert alembic_runner.current == previous
+    diff = diff_snapshots(before, _snapshot(alembic_engine), ("before", "downgraded"))
+    assert not diff, diff
+    assert _schema_version(alembic_engine) == _expected_version(previous)
+
+    alembic_runner.migrate_up_one()
+    assert alembic_runner.current == revision
+    diff = diff_snapshots(after, _snapshot(alembic_engine), ("first upgrade", "re-upgrade"))
+    assert not diff, diff
+    assert _schema_version(alembic_engine) == _expected_version(revision)
+
+
+def test_downgrade_to_base_leaves_an_empty_file(
+    alembic_runner: Any, alembic_engine: Engine
+) -> None:
+    alembic_runner.migrate_up_to("heads")
+    alembic_runner.insert_into("sessions", dict(CHILD, parent_session_id=None))
+    alembic_runner.migrate_down_to("base")
+    assert _tables(alembic_engine) <= {"alembic_version", "sqlite_sequence"}
+
+
+# --------------------------------------------------------------------------------------------
+# Data tests
+# --------------------------------------------------------------------------------------------
+
+
+def _restricted(rows: list[dict[str, Any]], columns: set[str]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k in columns} for row in rows]
+
+
+#: Columns a revision adds to sessions / messages, with the value existing rows get.
+ADDED_COLUMNS: dict[str, dict[str, dict[str, Any]]] = {
+    "18": {"sessions": {"display_name": None, "origin_json": None, "expiry_finalized": 0}},
+}
+
+
+@pytest.mark.parametrize("revision", REVISIONS[1:])
+def test_rows_survive_the_revision_and_its_downgrade(
+    alembic_runner: Any, alembic_engine: Engine, revision: str
+) -> None:
+    alembic_runner.migrate_up_before(revision)
+    alembic_runner.insert_into("sessions", [SESSION, CHILD])
+    alembic_runner.insert_into("messages", MESSAGES)
+    path = alembic_engine.url.database or ""
+    before = {table: table_data(path, table) for table in ("sessions", "messages")}
+
+    alembic_runner.migrate_up_one()
+    for table, rows in before.items():
+        after = table_data(path, table)
+        added = ADDED_COLUMNS.get(revision, {}).get(table, {})
+        assert after == [{**row, **added} for row in rows], f"{table} rows changed by {revision}"
+    # Every message is still found by both indexes, whichever layout they are in.
+    assert _fts_ids(alembic_engine, "messages_fts", "paris") == [1]
+    assert _fts_ids(alembic_engine, "messages_fts", "web_search") == [2]
+    assert _fts_ids(alembic_engine, "messages_fts_trigram", "ari") == [1]
+
+    alembic_runner.migrate_down_one()
+    for table, rows in before.items():
+        assert table_data(path, table) == rows, f"{table} rows changed by downgrading {revision}"
+    assert _fts_ids(alembic_engine, "messages_fts", "paris") == [1]
+    assert _fts_ids(alembic_engine, "messages_fts_trigram", "search") == [2]
+
+
+def test_fts_conversion_keeps_the_legacy_trigger_names_and_drops_the_copies(
+    alembic_runner: Any, alembic_engine: Engine
+) -> None:
+    alembic_runner.migrate_up_before("22")
+    alembic_runner.insert_into("sessions", SESSION)
+    alembic_runner.insert_into("messages", MESSAGES[:2])
+    alembic_runner.migrate_up_one()
+    triggers = {
+        row[0]
+        for row in _query(alembic_engine, "SELECT name FROM sqlite_master WHERE type='trigger'")
+    }
+    assert triggers == set(ddl.FTS_TRIGGER_NAMES)
+    tables = _tables(alembic_engine)
+    assert "messages_fts_content" not in tables
+    assert "messages_fts_trigram_content" not in tables
+    # The triggers keep the external indexes in step with later writes.
+    alembic_runner.insert_into(
+        "messages",
+        {"session_id": "s1", "role": "user", "content": "louvre tickets", "timestamp": 9},
+    )
+    assert _fts_ids(alembic_engine, "messages_fts", "louvre") == [3]
+    for table in ("messages_fts", "messages_fts_trigram"):
+        assert (
+            _query(alembic_engine, f"INSERT INTO {table}({table}) VALUES ('integrity-check')") == []
+        )
+
+
+USAGE_SESSIONS = [
+    {  # every column set: copied as is
+        "id": "full",
+        "source": "cli",
+        "model": "gpt-5",
+        "billing_provider": "openrouter",
+        "billing_base_url": "https://openrouter.ai/api/v1",
+        "billing_mode": "api",
+        "api_call_count": 3,
+        "input_tokens": 100,
+        "output_tokens": 50,
+        "cache_read_tokens": 7,
+        "cache_write_tokens": 5,
+        "reasoning_tokens": 11,
+        "estimated_cost_usd": 0.25,
+        "actual_cost_usd": 0.5,
+        "cost_status": "final",
+        "cost_source": "provider",
+        "started_at": 1000.0,
+        "ended_at": 2000.0,
+    },
+    {  # NULLs everywhere but one counter: the COALESCE defaults
+        "id": "nulls",
+        "source": "telegram",
+        "model": None,
+        "api_call_count": None,
+        "input_tokens": None,
+        "output_tokens": None,
+        "cache_read_tokens": 4,
+        "cache_write_tokens": None,
+        "reasoning_tokens": None,
+        "started_at": 3000.0,
+        "ended_at": None,
+    },
+    {"id": "reasoning-only", "source": "cli", "reasoning_tokens": 1, "started_at": 4000.0},
+    {"id": "zero", "source": "cli", "model": "gpt-5", "api_call_count": 9, "started_at": 5000.0},
+    {
+        "id": "all-null",
+        "source": "cli",
+        "input_tokens": None,
+        "output_tokens": None,
+        "cache_read_tokens": None,
+        "cache_write_tokens": None,
+        "reasoning_tokens": None,
+        "started_at": 6000.0,
+    },
+]
+
+EXPECTED_USAGE = {
+    "full": {
+        "session_id": "full",
+        "model": "gpt-5",
+        "billing_provider": "openrouter",
+        "billing_base_url": "https://openrouter.ai/api/v1",
+        "billing_mode": "api",
+        "api_call_count": 3,
+        "input_tokens": 100,
+        "output_tokens": 50,
+        "cache_read_tokens": 7,
+        "cache_write_tokens": 5,
+        "reasoning_tokens": 11,
+        "estimated_cost_usd": 0.25,
+        "actual_cost_usd": 0.5,
+        "cost_status": "final",
+        "cost_source": "provider",
+        "first_seen": 1000.0,
+        "last_seen": 2000.0,
+    },
+    "nulls": {
+        "session_id": "nulls",
+        "model": "unknown",
+        "billing_provider": "",
+        "billing_base_url": "",
+        "billing_mode": "",
+        "api_call_count": 0,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cache_read_tokens": 4,
+        "cache_write_tokens": 0,
+        "reasoning_tokens": 0,
+        "estimated_cost_usd": 0,
+        "actual_cost_usd": 0,
+        "cost_status": None,
+        "cost_source": None,
+        "first_seen": 3000.0,
+        "last_seen": 3000.0,
+    },
+}
+
+
+def _usage_by_session(path: str | Path) -> dict[str, list[dict[str, Any]]]:
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for row in table_data(path, "session_model_usage"):
+        rows.setdefault(row["session_id"], []).append(row)
+    return rows
+
+
+def test_usage_seed_has_one_row_per_session_that_used_tokens(
+    alembic_runner: Any, alembic_engine: Engine
+) -> None:
+    alembic_runner.migrate_up_before("20")
+    alembic_runner.insert_into("sessions", USAGE_SESSIONS)
+    alembic_runner.migrate_up_one()
+    usage = _usage_by_session(alembic_engine.url.database or "")
+    assert sorted(usage) == ["full", "nulls", "reasoning-only"]
+    assert usage["full"] == [EXPECTED_USAGE["full"]]
+    assert usage["nulls"] == [EXPECTED_USAGE["nulls"]]
+    assert usage["reasoning-only"][0]["model"] == "unknown"
+    assert usage["reasoning-only"][0]["reasoning_tokens"] == 1
+    assert usage["reasoning-only"][0]["last_seen"] == 4000.0
+
+
+def test_usage_seed_is_idempotent_over_rows_the_legacy_application_wrote(tmp_path: Path) -> None:
+    """A legacy v20 build that created and seeded the table but failed its FTS work left the
+    store stamped 19: revision 20 then seeds again without duplicating or overwriting rows."""
+    path = tmp_path / "state.db"
+    build_legacy_store(path, 19)
+    insert_legacy_rows(path, USAGE_SESSIONS, [])
+    conn = sqlite3.connect(path)
+    with conn:
+        for statement in (*ddl.V20_TABLES, *ddl.V20_INDEXES):
+            conn.execute(statement)
+        # The application has recorded more usage since its own seed.
+        conn.execute(
+            "INSERT INTO session_model_usage (session_id, model, billing_provider,"
+            " billing_base_url, billing_mode, input_tokens, first_seen, last_seen)"
+            " VALUES ('full', 'gpt-5', 'openrouter', 'https://openrouter.ai/api/v1', 'api',"
+            " 999, 1000.0, 2500.0)"
+        )
+    conn.close()
+
+    assert migrate.upgrade(str(path), "20") == (None, "20")
+    usage = _usage_by_session(path)
+    assert sorted(usage) == ["full", "nulls", "reasoning-only"]
+    assert len(usage["full"]) == 1
+    assert usage["full"][0]["input_tokens"] == 999  # not overwritten by the seed
+    assert usage["full"][0]["last_seen"] == 2500.0
+    assert usage["nulls"] == [EXPECTED_USAGE["nulls"]]
