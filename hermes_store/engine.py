@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.pool import NullPool
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.pool import NullPool, StaticPool
 
-from hermes_store.errors import StoreNotFound
+from hermes_store.errors import StoreError, StoreNotFound
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,8 @@ ENV_HOME = "HERMES_HOME"
 DEFAULT_HOME = "~/.hermes"
 DB_FILENAME = "state.db"
 BUSY_TIMEOUT_MS = 30_000
+#: Overrides BUSY_TIMEOUT_MS for engines built without an explicit ``busy_timeout_ms``.
+ENV_BUSY_TIMEOUT = "HERMES_STORE_BUSY_TIMEOUT_MS"
 #: Execution option naming the BEGIN flavour: "DEFERRED" (default), "IMMEDIATE", "EXCLUSIVE".
 BEGIN_OPTION = "sqlite_begin"
 _BEGIN_MODES = {"DEFERRED", "IMMEDIATE", "EXCLUSIVE"}
@@ -38,11 +40,19 @@ def hermes_home() -> Path:
 
 
 def to_url(path_or_url: str | os.PathLike[str]) -> str:
-    """Turn a file path or a SQLAlchemy URL into a SQLAlchemy URL string."""
+    """Turn a file path or a SQLAlchemy URL into a SQLAlchemy URL string.
+
+    The path is made absolute and escaped, so that a ``%`` or ``?`` in a directory name
+    names that directory instead of being decoded or read as the URL's query string.
+    ``":memory:"`` gives an in-memory store.
+    """
     text = os.fspath(path_or_url)
     if "://" in text:
         return text
-    return f"sqlite:///{Path(text).expanduser().resolve()}"
+    if text == ":memory:":
+        return "sqlite://"
+    database = str(Path(text).expanduser().resolve())
+    return URL.create("sqlite", database=database).render_as_string(hide_password=False)
 
 
 def resolve_url(explicit: str | os.PathLike[str] | None = None, *, create_home: bool = True) -> str:
@@ -70,7 +80,12 @@ def db_path(url: str) -> Path | None:
             f"hermes-store only supports SQLite URLs, got {parsed.get_backend_name()!r}"
         )
     database = parsed.database
-    if not database or database == ":memory:" or database.startswith("file::memory:"):
+    if (
+        not database
+        or database == ":memory:"
+        or database.startswith("file::memory:")
+        or (database.startswith("file:") and parsed.query.get("mode") == "memory")
+    ):
         return None
     if database.startswith("file:"):
         database = database[5:].split("?", 1)[0]
@@ -119,25 +134,46 @@ def _set_journal_mode(dbapi_connection: sqlite3.Connection, path: Path | None) -
     return mode
 
 
+def default_busy_timeout_ms() -> int:
+    """``$HERMES_STORE_BUSY_TIMEOUT_MS`` when set, else :data:`BUSY_TIMEOUT_MS` (30 s)."""
+    raw = os.environ.get(ENV_BUSY_TIMEOUT, "").strip()
+    if not raw:
+        return BUSY_TIMEOUT_MS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise StoreError(
+            f"{ENV_BUSY_TIMEOUT}={raw!r}: expected a whole number of milliseconds (0 or more)"
+        )
+    return value
+
+
 def create_store_engine(
     url: str | os.PathLike[str] | None = None,
     *,
     create: bool = True,
-    busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+    busy_timeout_ms: int | None = None,
     wal: bool = True,
     echo: bool = False,
 ) -> Engine:
     """Build the engine for a store with the PRAGMAs and transactional DDL every caller needs.
 
     ``url`` is resolved with :func:`resolve_url`. With ``create=False`` a missing file
-    raises :class:`StoreNotFound` instead of being created (read-only commands).
+    raises :class:`StoreNotFound` and nothing (file or HERMES_HOME) is created (read-only
+    commands).
     Every connection gets ``foreign_keys=ON``, ``recursive_triggers=ON`` (so that
     ``INSERT OR REPLACE`` fires the delete triggers that keep the FTS indexes exact), a busy
     timeout, WAL where the file system allows it, and ``BEGIN`` issued by SQLAlchemy
     itself so that DDL runs inside transactions. Pass the execution option
     ``sqlite_begin="IMMEDIATE"`` to take the write lock when a transaction starts.
+    ``busy_timeout_ms`` defaults to :func:`default_busy_timeout_ms`.
     """
-    resolved = resolve_url(url)
+    if busy_timeout_ms is None:
+        busy_timeout_ms = default_busy_timeout_ms()
+    # A read-only open must not leave an empty HERMES_HOME behind either.
+    resolved = resolve_url(url, create_home=create)
     path = db_path(resolved)
     if path is not None:
         if not path.exists():
@@ -151,7 +187,9 @@ def create_store_engine(
     engine = create_engine(
         resolved,
         echo=echo,
-        poolclass=NullPool,
+        # A file store: one connection per checkout, nothing cached between uses. An
+        # in-memory store lives as long as its one connection, so that one is kept.
+        poolclass=NullPool if path is not None else StaticPool,
         connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False},
     )
     _install_listeners(engine, path, busy_timeout_ms=busy_timeout_ms, wal=wal)

@@ -1,0 +1,405 @@
+"""URL resolution, the engine factory's PRAGMAs, file modes, WAL fallback and transactions."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, inspect, make_url
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from hermes_store import migrate
+from hermes_store.engine import (
+    BEGIN_OPTION,
+    BUSY_TIMEOUT_MS,
+    WalUnavailableWarning,
+    create_store_engine,
+    db_path,
+    hermes_home,
+    resolve_url,
+    to_url,
+)
+from hermes_store.errors import StoreNotFound
+from hermes_store.store import NewMessage, Store
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """A usual umask, so that 0600 is the code's doing and 0644 the default."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def engine(db_file: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine]:
+    """An engine over a new store file, with the default busy timeout."""
+    monkeypatch.delenv("HERMES_STORE_BUSY_TIMEOUT_MS", raising=False)
+    built = create_store_engine(db_file)
+    yield built
+    built.dispose()
+
+
+def _tables(engine: Engine) -> set[str]:
+    return set(inspect(engine).get_table_names())
+
+
+# -- URL resolution ------------------------------------------------------------------
+
+
+def test_explicit_argument_wins_over_env_and_home(
+    tmp_path: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HERMES_STORE_URL", to_url(tmp_path / "env.db"))
+    explicit = tmp_path / "explicit.db"
+    assert db_path(resolve_url(explicit)) == explicit
+    assert db_path(resolve_url(str(explicit))) == explicit
+    assert resolve_url("sqlite:////elsewhere/x.db") == "sqlite:////elsewhere/x.db"
+
+
+def test_env_url_wins_over_home(
+    tmp_path: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HERMES_STORE_URL", to_url(tmp_path / "env.db"))
+    assert db_path(resolve_url()) == tmp_path / "env.db"
+    # A plain path in the variable is accepted too.
+    monkeypatch.setenv("HERMES_STORE_URL", str(tmp_path / "plain.db"))
+    assert db_path(resolve_url()) == tmp_path / "plain.db"
+    # An empty variable counts as unset.
+    monkeypatch.setenv("HERMES_STORE_URL", "")
+    assert db_path(resolve_url()) == isolated_home / "state.db"
+
+
+def test_default_is_state_db_in_hermes_home(isolated_home: Path) -> None:
+    assert hermes_home() == isolated_home
+    assert db_path(resolve_url()) == isolated_home / "state.db"
+
+
+def test_hermes_home_defaults_to_dot_hermes_created_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask_022: None
+) -> None:
+    monkeypatch.delenv("HERMES_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    (tmp_path / "user").mkdir()
+    expected = tmp_path / "user" / ".hermes"
+    assert hermes_home() == expected
+    assert not expected.exists()
+    assert db_path(resolve_url(create_home=False)) == expected / "state.db"
+    assert not expected.exists()
+    assert db_path(resolve_url()) == expected / "state.db"
+    assert expected.is_dir()
+    assert _mode(expected) == 0o700
+
+
+def test_missing_hermes_home_is_created_with_its_parents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask_022: None
+) -> None:
+    home = tmp_path / "a" / "b" / "hermes"
+    monkeypatch.setenv("HERMES_HOME", str(home))
+    with create_store_engine().connect():
+        pass
+    assert (home / "state.db").is_file()
+    assert _mode(home) == 0o700
+
+
+# -- to_url / db_path ----------------------------------------------------------------
+
+
+def test_to_url_makes_paths_absolute_and_passes_urls_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert to_url("rel/state.db").startswith("sqlite:////")
+    assert db_path(to_url("rel/state.db")) == tmp_path / "rel" / "state.db"
+    assert db_path(to_url(Path("state.db"))) == tmp_path / "state.db"
+    assert db_path(to_url("~/x.db")) == tmp_path / "user" / "x.db"
+    assert to_url("sqlite:///relative.db") == "sqlite:///relative.db"
+    assert to_url("sqlite://") == "sqlite://"
+    assert to_url(":memory:") == "sqlite://"
+
+
+@pytest.mark.parametrize(
+    "directory", ["with space", "100%20percent", "what?query=1", "hash#tag", "ünïcödé", "a@b:c"]
+)
+def test_awkward_directory_names_name_exactly_that_file(tmp_path: Path, directory: str) -> None:
+    root = tmp_path / "stores"
+    path = root / directory / "state db.sqlite"
+    url = to_url(path)
+    assert make_url(url).database == str(path)
+    assert db_path(url) == path
+    # End to end: the upgrade and the store open that very file and nothing else.
+    migrate.upgrade(url)
+    with Store.open(path) as store:
+        store.create_session("s1", "cli")
+    assert path.is_file()
+    assert [p.name for p in root.iterdir()] == [directory]
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT id FROM sessions").fetchall() == [("s1",)]
+
+
+def test_db_path(tmp_path: Path) -> None:
+    assert db_path(f"sqlite:///{tmp_path}/s.db") == tmp_path / "s.db"
+    assert db_path(f"sqlite:///file:{tmp_path}/s.db?mode=ro&uri=true") == tmp_path / "s.db"
+    assert db_path("sqlite:///relative.db") == Path("relative.db")
+    for memory in (
+        "sqlite://",
+        "sqlite:///:memory:",
+        "sqlite:///file::memory:?uri=true",
+        "sqlite:///file:shared?mode=memory&cache=shared&uri=true",
+    ):
+        assert db_path(memory) is None, memory
+    with pytest.raises(ValueError, match="only supports SQLite"):
+        db_path("postgresql://host/db")
+
+
+def test_in_memory_store_keeps_its_data_between_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = create_store_engine(":memory:")
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE t(a)")
+        assert "t" in _tables(engine)
+    finally:
+        engine.dispose()
+    # A shared-cache memory URI is not mistaken for a file called "shared".
+    monkeypatch.chdir(tmp_path / "hermes-home")
+    create_store_engine("sqlite:///file:shared?mode=memory&cache=shared&uri=true").dispose()
+    assert list(Path.cwd().iterdir()) == []
+
+
+# -- PRAGMAs -------------------------------------------------------------------------
+
+
+def test_connection_pragmas_are_in_force(engine: Engine) -> None:
+    with engine.connect() as conn:
+        pragma = {
+            name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()
+            for name in ("journal_mode", "foreign_keys", "recursive_triggers", "busy_timeout")
+        }
+    assert pragma == {
+        "journal_mode": "wal",
+        "foreign_keys": 1,
+        "recursive_triggers": 1,
+        "busy_timeout": BUSY_TIMEOUT_MS,
+    }
+    raw = engine.raw_connection()
+    try:
+        assert raw.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert raw.execute("PRAGMA recursive_triggers").fetchone()[0] == 1
+    finally:
+        raw.close()
+
+
+def test_busy_timeout_and_wal_are_configurable(db_file: Path) -> None:
+    engine = create_store_engine(db_file, busy_timeout_ms=1234, wal=False)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 1234
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "delete"
+    finally:
+        engine.dispose()
+
+
+def test_foreign_keys_are_enforced(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE parent(id INTEGER PRIMARY KEY)")
+        conn.exec_driver_sql("CREATE TABLE child(parent_id INTEGER REFERENCES parent(id))")
+    with pytest.raises(IntegrityError, match="FOREIGN KEY constraint failed"):
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO child VALUES (42)")
+
+
+# -- WAL fallback --------------------------------------------------------------------
+
+
+def _write_and_read(url: str) -> tuple[str, list[str | None]]:
+    """Use a store end to end; return its journal mode and what it read back."""
+    with Store.open(url) as store:
+        with store.engine.connect() as conn:
+            mode = str(conn.exec_driver_sql("PRAGMA journal_mode").scalar())
+        store.create_session("s1", "cli")
+        store.append_message("s1", NewMessage("user", "still works"))
+        return mode, [m.content for m in store.messages("s1")]
+
+
+def test_a_file_system_that_refuses_wal_falls_back_with_a_warning(db_file: Path) -> None:
+    # The unix-dotfile VFS (what SQLite uses where POSIX locks are missing) has no shared
+    # memory, so SQLite refuses WAL on it exactly as on such network file systems.
+    url = f"sqlite:///file:{db_file}?vfs=unix-dotfile&uri=true"
+    with pytest.warns(WalUnavailableWarning, match="refused WAL"):
+        migrate.upgrade(url)
+    with pytest.warns(WalUnavailableWarning, match=str(db_file)):
+        result = _write_and_read(url)
+    assert result == ("delete", ["still works"])
+    assert not db_file.with_name(db_file.name + "-wal").exists()
+
+
+# -- creation and file modes ---------------------------------------------------------
+
+
+def test_create_false_on_a_missing_file_raises_and_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "nowhere" / "state.db"
+    with pytest.raises(StoreNotFound, match=r"no such database.*hermes-store upgrade"):
+        create_store_engine(missing, create=False)
+    assert not missing.parent.exists()
+    # Through the default location: neither the file nor HERMES_HOME appears.
+    home = tmp_path / "fresh-home"
+    monkeypatch.setenv("HERMES_HOME", str(home))
+    with pytest.raises(StoreNotFound, match=str(home / "state.db")):
+        create_store_engine(create=False)
+    assert not home.exists()
+    with pytest.raises(StoreNotFound):
+        Store.open()
+    assert not home.exists()
+
+
+def test_create_false_opens_an_existing_store(db_file: Path) -> None:
+    create_store_engine(db_file).dispose()
+    engine = create_store_engine(db_file, create=False)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        engine.dispose()
+
+
+def test_a_new_store_file_is_private(db_file: Path) -> None:
+    old = os.umask(0)  # even a permissive umask does not widen it
+    try:
+        engine = create_store_engine(db_file)
+    finally:
+        os.umask(old)
+    try:
+        assert _mode(db_file) == 0o600
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE t(a)")
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+            for suffix in ("-wal", "-shm"):
+                side = db_file.with_name(db_file.name + suffix)
+                assert side.exists()
+                assert _mode(side) == 0o600, suffix
+    finally:
+        engine.dispose()
+
+
+def test_an_existing_readable_store_and_its_wal_files_are_tightened(
+    db_file: Path, umask_022: None
+) -> None:
+    holder = sqlite3.connect(db_file)  # keeps -wal and -shm alive while open
+    try:
+        holder.execute("PRAGMA journal_mode=WAL")
+        holder.execute("CREATE TABLE t(a)")
+        holder.execute("INSERT INTO t VALUES (1)")
+        holder.commit()
+        files = [db_file, *(db_file.with_name(db_file.name + s) for s in ("-wal", "-shm"))]
+        for path in files:
+            path.chmod(0o644)
+        engine = create_store_engine(db_file)
+        try:
+            assert [_mode(path) for path in files] == [0o600, 0o600, 0o600]
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql("SELECT a FROM t").scalar() == 1
+        finally:
+            engine.dispose()
+    finally:
+        holder.close()
+
+
+# -- transactions --------------------------------------------------------------------
+
+
+class Boom(Exception):
+    """Raised inside a transaction to roll it back."""
+
+
+def _create_table_then_fail(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE x(a)")
+        conn.exec_driver_sql("INSERT INTO x VALUES (1)")
+        assert "x" in {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master")}
+        raise Boom
+
+
+def test_ddl_rolls_back_with_its_transaction(engine: Engine) -> None:
+    with pytest.raises(Boom):
+        _create_table_then_fail(engine)
+    assert "x" not in _tables(engine)
+
+
+def test_plain_sqlite3_autocommits_ddl_which_is_why_the_engine_begins_itself(
+    db_file: Path,
+) -> None:
+    raw = sqlite3.connect(db_file)  # the stdlib default: no BEGIN before DDL
+    try:
+        raw.execute("CREATE TABLE x(a)")
+        raw.rollback()
+        assert raw.execute("SELECT name FROM sqlite_master").fetchall() == [("x",)]
+    finally:
+        raw.close()
+
+
+def test_savepoints_roll_back_only_the_inner_work(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t(a)")
+        conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+        nested = conn.begin_nested()
+        conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+        nested.rollback()
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT a FROM t").scalars().all() == [1]
+
+
+@pytest.fixture
+def contender(db_file: Path, engine: Engine) -> Iterator[Engine]:
+    """A second engine on the same store that gives up on a lock almost at once."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t(a)")
+    other = create_store_engine(db_file, busy_timeout_ms=20)
+    yield other
+    other.dispose()
+
+
+def test_begin_immediate_takes_the_write_lock_at_begin(engine: Engine, contender: Engine) -> None:
+    with engine.connect().execution_options(**{BEGIN_OPTION: "IMMEDIATE"}) as holder:
+        with holder.begin():  # nothing written yet: BEGIN IMMEDIATE alone holds the lock
+            with pytest.raises(OperationalError, match="database is locked"):
+                with contender.begin() as conn:
+                    conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+        # Released with the transaction.
+        with contender.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+
+
+def test_default_begin_is_deferred(engine: Engine, contender: Engine) -> None:
+    with engine.connect() as holder, holder.begin():
+        with contender.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+
+
+def test_store_writes_take_the_write_lock_at_begin(db_file: Path, contender: Engine) -> None:
+    with Store.open(db_file) as store, store.writer() as db, db.begin():
+        db.connection()  # BEGIN IMMEDIATE is issued when the session gets its connection
+        with pytest.raises(OperationalError, match="database is locked"):
+            with contender.begin() as conn:
+                conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+
+
+def test_an_unknown_begin_mode_is_refused(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="sqlite_begin must be one of"):
+        with engine.connect().execution_options(**{BEGIN_OPTION: "LATER"}) as conn:
+            conn.begin()
