@@ -1,0 +1,500 @@
+"""The `hermes-store` command: thin click wrappers over the library."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from alembic.util import CommandError
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+from hermes_store import corpus as corpus_mod
+from hermes_store import fts, migrate
+from hermes_store.engine import create_store_engine, db_path, resolve_url
+from hermes_store.errors import StoreError, StoreNotFound
+from hermes_store.maintenance import check_store, store_stats
+from hermes_store.maintenance import optimize as optimize_store
+from hermes_store.search import search_messages
+from hermes_store.storage import GROUPS, StorageReport, human_bytes, storage_report
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DB_HELP = (
+    "Store file or SQLAlchemy URL. Default: $HERMES_STORE_URL, else $HERMES_HOME/state.db "
+    "(HERMES_HOME defaults to ~/.hermes)."
+)
+
+
+def db_option(func: F) -> F:
+    """The --db option every command takes."""
+    return click.option("--db", "db", metavar="PATH_OR_URL", default=None, help=DB_HELP)(func)
+
+
+def json_option(func: F) -> F:
+    """The --json option of reporting commands."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(func)
+
+
+def _interactive() -> bool:
+    """Progress goes to stderr only when a person watches it."""
+    return sys.stderr.isatty()
+
+
+def _color_stdout() -> bool:
+    """Highlight search hits only when stdout is a terminal."""
+    return sys.stdout.isatty()
+
+
+def _progress(enabled: bool) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        if enabled:
+            click.echo(f"… {message}", err=True)
+
+    return say
+
+
+@contextlib.contextmanager
+def operator_errors() -> Iterator[None]:
+    """Turn every expected failure into a one-line message and a non-zero exit."""
+    try:
+        yield
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    except CommandError as exc:
+        raise click.ClickException(str(exc)) from None
+    except (DBAPIError, sqlite3.Error) as exc:
+        detail = str(getattr(exc, "orig", exc))
+        if "locked" in detail or "busy" in detail:
+            raise click.ClickException(
+                "the store is locked by another process (waited for the busy timeout); "
+                "retry when the agent is idle"
+            ) from None
+        if "not a database" in detail or "malformed" in detail:
+            raise click.ClickException(
+                f"SQLite cannot read the store ({detail}); run `hermes-store check` or restore "
+                "a backup"
+            ) from None
+        raise click.ClickException(f"SQLite error: {detail}") from None
+    except OSError as exc:
+        raise click.ClickException(f"{exc.strerror or exc}: {exc.filename or ''}".strip()) from None
+
+
+def store_url(db: str | None, *, create_home: bool) -> tuple[str, Path | None]:
+    """Resolve --db like the engine does; refuse a URL that is not SQLite."""
+    url = resolve_url(db, create_home=create_home)
+    try:
+        return url, db_path(url)
+    except ValueError as exc:  # a non-SQLite URL
+        raise click.ClickException(f"--db: {exc}") from None
+
+
+def open_existing(db: str | None) -> Engine:
+    """An engine on an existing store, checked read-only first; never creates a file."""
+    url, path = store_url(db, create_home=False)
+    if path is not None and not path.exists():
+        raise StoreNotFound(
+            f"{path}: no such store. Pass --db, set HERMES_STORE_URL, or create one with "
+            "`hermes-store upgrade`"
+        )
+    state = migrate.inspect_file(path)
+    if state.kind == "new":
+        raise StoreNotFound(
+            f"{path or url}: the database is empty, not a Hermes store yet; create one with "
+            "`hermes-store upgrade`"
+        )
+    return create_store_engine(url, create=False, wal=False)
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="hermes-store")
+def main() -> None:
+    """Operate a Hermes session store: upgrade, inspect, optimize, check and search it.
+
+    \b
+    Example:
+      hermes-store --help
+      hermes-store demo
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+
+
+@main.command()
+@db_option
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@click.option(
+    "--rebuild-fts",
+    is_flag=True,
+    help="Re-index from the messages instead of converting the legacy index in place.",
+)
+@json_option
+def upgrade(db: str | None, revision: str, rebuild_fts: bool, as_json: bool) -> None:
+    """Upgrade (or create) a store to REVISION, adopting a legacy store first.
+
+    The same as `alembic -x db=PATH upgrade head`. A legacy store (schema 17 to 21, never
+    under Alembic) is adopted: missing columns and indexes of its version are added, the
+    matching revision stamped, then the revisions run, each in its own transaction.
+
+    \b
+    Example:
+      hermes-store upgrade --db ~/.hermes/state.db
+    """
+    x = {"fts_convert": "rebuild"} if rebuild_fts else {}
+    with operator_errors():
+        _url, path = store_url(db, create_home=True)
+        state = migrate.inspect_file(path)
+        if _interactive() and not as_json:
+            logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
+            logging.getLogger("hermes_store").setLevel(logging.INFO)
+        started = time.perf_counter()
+        before, after = migrate.upgrade(db, revision, x=x)
+        elapsed = time.perf_counter() - started
+    if as_json:
+        _emit(
+            {
+                "from": before,
+                "to": after,
+                "legacy_schema": state.legacy_version if state.kind == "legacy" else None,
+                "seconds": round(elapsed, 3),
+            }
+        )
+        return
+    if before is not None:
+        origin = before
+    elif state.kind == "legacy":
+        origin = f"legacy schema {state.legacy_version} (unversioned)"
+    else:
+        origin = "(new store)"
+    click.echo(f"{origin} -> {after} in {elapsed:.2f} s")
+
+
+def _current(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        revision = migrate.current_revision(conn)
+        legacy = conn.exec_driver_sql("SELECT version FROM schema_version").scalar()
+        return {
+            "revision": revision,
+            "legacy_schema": legacy,
+            "head": migrate.head_revision(),
+            "fts_layout": fts.layout(conn),
+            "fts_indexes": {name: fts.index_layout(conn, name) for name in fts.INDEXES},
+        }
+
+
+@main.command()
+@db_option
+@json_option
+def current(db: str | None, as_json: bool) -> None:
+    """Show the store's revision, legacy schema number and search layout.
+
+    \b
+    Example:
+      hermes-store current --db state.db --json
+    """
+    with operator_errors():
+        engine = open_existing(db)
+        info = _current(engine)
+    if as_json:
+        _emit(info)
+        return
+    revision = info["revision"] or "(unversioned legacy store)"
+    click.echo(f"revision:      {revision} (head is {info['head']})")
+    click.echo(f"legacy schema: {info['legacy_schema']}")
+    click.echo(f"search layout: {info['fts_layout']}")
+
+
+@main.command()
+@db_option
+@json_option
+def stats(db: str | None, as_json: bool) -> None:
+    """Count sessions and messages, sessions per source, and the file size.
+
+    \b
+    Example:
+      hermes-store stats --db state.db
+    """
+    with operator_errors():
+        engine = open_existing(db)
+        with engine.connect() as conn:
+            result = store_stats(conn, db_path(str(engine.url)))
+    if as_json:
+        _emit(result.as_dict())
+        return
+    click.echo(f"sessions: {result.sessions}")
+    click.echo(f"messages: {result.messages}")
+    for source, count in result.sessions_by_source.items():
+        click.echo(f"  {source:<12} {count}")
+    click.echo(
+        f"file:     {human_bytes(result.file_bytes)} (+ WAL {human_bytes(result.wal_bytes)})"
+    )
+
+
+def render_storage(report: StorageReport) -> str:
+    """The storage report as a table a person reads in a terminal."""
+    total = report.file_bytes or 1
+    lines = [f"layout: {report.layout}", f"{'group':<28}{'size':>12}{'share':>8}"]
+    for group in GROUPS:
+        size = report.groups.get(group, 0)
+        lines.append(f"{group:<28}{human_bytes(size):>12}{size / total:>8.1%}")
+    lines.append(f"{'free pages':<28}{human_bytes(report.free_bytes):>12}")
+    lines.append(f"{'file':<28}{human_bytes(report.file_bytes):>12}")
+    if report.layout == "inline" and report.reclaimable_bytes:
+        lines.append(
+            f"upgrading to external content would reclaim about "
+            f"{human_bytes(report.reclaimable_bytes)} "
+            f"({report.reclaimable_bytes / total:.0%}) after `hermes-store optimize`"
+        )
+    lines.append("")
+    lines.append(f"{'object':<36}{'size':>12}")
+    for name, size in sorted(report.objects.items(), key=lambda item: -item[1])[:15]:
+        lines.append(f"{name:<36}{human_bytes(size):>12}")
+    return "\n".join(lines)
+
+
+@main.command()
+@db_option
+@json_option
+def storage(db: str | None, as_json: bool) -> None:
+    """Show where the bytes go: per table and index, grouped, from `dbstat`.
+
+    Groups: message data, FTS index data, redundant FTS text copies (the inline
+    `*_content` tables the upgrade removes), other. For an inline store it says how much
+    the upgrade would reclaim.
+
+    \b
+    Example:
+      hermes-store storage --db state.db
+    """
+    with operator_errors():
+        engine = open_existing(db)
+        with engine.connect() as conn:
+            report = storage_report(conn)
+    if as_json:
+        _emit(report.as_dict())
+    else:
+        click.echo(render_storage(report))
+
+
+@main.command()
+@db_option
+@click.option("--no-vacuum", is_flag=True, help="Merge and checkpoint only; skip VACUUM.")
+@json_option
+def optimize(db: str | None, no_vacuum: bool, as_json: bool) -> None:
+    """Merge the FTS indexes, checkpoint the WAL and VACUUM; print what was reclaimed.
+
+    Refuses when the disk lacks the free space VACUUM needs (about the file's size in
+    the store's directory and in the temp directory).
+
+    \b
+    Example:
+      hermes-store optimize --db state.db
+    """
+    with operator_errors():
+        engine = open_existing(db)
+        result = optimize_store(
+            engine, vacuum=not no_vacuum, progress=_progress(_interactive() and not as_json)
+        )
+    if as_json:
+        _emit(result.as_dict())
+    else:
+        click.echo(
+            f"{human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
+            f"(reclaimed {human_bytes(result.reclaimed)}; merged {len(result.indexes)} index(es))"
+        )
+
+
+@main.command()
+@db_option
+@click.option("--quick", is_flag=True, help="PRAGMA quick_check instead of integrity_check.")
+@json_option
+def check(db: str | None, quick: bool, as_json: bool) -> None:
+    """Run PRAGMA integrity_check and the FTS5 integrity checks; exit 1 when broken.
+
+    \b
+    Example:
+      hermes-store check --db state.db
+    """
+    with operator_errors():
+        engine = open_existing(db)
+        with engine.connect() as conn:
+            result = check_store(conn, quick=quick)
+    if as_json:
+        _emit({"ok": result.ok, "checked": result.checked, "problems": result.problems})
+    else:
+        for item in result.checked:
+            # The PRAGMA's problems are filed under "database".
+            problem = result.problems.get("database" if item.startswith("PRAGMA") else item)
+            click.echo(f"{item:<28} {'BROKEN: ' + problem if problem else 'ok'}")
+    if not result.ok:
+        if not as_json:
+            summary = "; ".join(
+                f"{name} ({_shorten(problem)})" for name, problem in result.problems.items()
+            )
+            click.echo(f"broken: {summary}", err=True)
+        sys.exit(1)
+
+
+def _shorten(text: str, width: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _highlight(snippet: str, color: bool) -> str:
+    if not color:
+        return snippet
+    return snippet.replace(">>>", "\x1b[1;33m").replace("<<<", "\x1b[0m")
+
+
+@main.command()
+@click.argument("query")
+@db_option
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--offset", default=0, type=click.IntRange(0))
+@click.option("--source", "sources", multiple=True, help="Only these sources (repeatable).")
+@click.option("--role", "roles", multiple=True, help="Only these roles (repeatable).")
+@click.option(
+    "--sort",
+    type=click.Choice(["rank", "newest", "oldest"], case_sensitive=False),
+    default="rank",
+    show_default=True,
+)
+@click.option("--include-inactive", is_flag=True, help="Also rewound messages.")
+@json_option
+def search(
+    query: str,
+    db: str | None,
+    limit: int,
+    offset: int,
+    sources: tuple[str, ...],
+    roles: tuple[str, ...],
+    sort: str,
+    include_inactive: bool,
+    as_json: bool,
+) -> None:
+    """Search messages the way the agent's session_search does.
+
+    \b
+    Example:
+      hermes-store search "docker compose" --source telegram --limit 5
+    """
+    with operator_errors():
+        engine = open_existing(db)
+        with engine.connect() as conn:
+            hits = search_messages(
+                conn,
+                query,
+                source_filter=list(sources) or None,
+                role_filter=list(roles) or None,
+                limit=limit,
+                offset=offset,
+                sort=None if sort == "rank" else sort,
+                include_inactive=include_inactive,
+            )
+    if as_json:
+        _emit(hits)
+        return
+    color = _color_stdout()
+    for hit in hits:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(hit["timestamp"]))
+        click.echo(f"#{hit['id']} {hit['source']} {hit['role']} {when} session {hit['session_id']}")
+        snippet = " ".join((hit["snippet"] or "").split())
+        click.echo(f"    {_highlight(snippet, color)}")
+    if not hits:
+        click.echo("no matches", err=True)
+
+
+DEMO_QUERIES = ("error", "import json", "TODO: fix", "def*", "terminal OR docker", "数据库")
+
+
+@main.command()
+@click.option("--messages", "n_messages", default=5000, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to write demo.db (default: a new temporary directory).",
+)
+@click.option("--seed", default=0, show_default=True, help="Corpus seed.")
+def demo(n_messages: int, directory: Path | None, seed: int) -> None:
+    """Build a realistic legacy store, upgrade it, optimize it and compare search results.
+
+    Generates a schema-21 store in the legacy inline layout (never under Alembic), runs
+    the real upgrade (adoption, then in-place conversion), `optimize`, and prints the
+    storage report before and after and a few searches answered identically.
+
+    \b
+    Example:
+      hermes-store demo --messages 20000 --dir /tmp/hermes-demo
+    """
+    with operator_errors():
+        run_demo(n_messages, directory, seed)
+
+
+def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
+    """The demo's steps (see `demo`)."""
+    say = _progress(_interactive())
+    directory = directory or Path(tempfile.mkdtemp(prefix="hermes-demo-"))
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / "demo.db"
+    if path.exists():
+        raise click.ClickException(f"{path} exists; pass another --dir or remove it")
+    say(f"generating {n_messages} messages (seed {seed})")
+    data = corpus_mod.generate(n_messages, seed)
+    say("writing a legacy schema-21 store (inline FTS5)")
+    migrate.upgrade(str(path), "21")
+    with contextlib.closing(sqlite3.connect(path)) as raw:
+        corpus_mod.populate(raw, data)
+        # A store the legacy application wrote was never under Alembic.
+        raw.execute("DROP TABLE alembic_version")
+        raw.commit()
+    engine = create_store_engine(str(path))
+    with engine.connect() as conn:
+        before = storage_report(conn)
+        before_hits = {q: search_messages(conn, q, limit=5) for q in DEMO_QUERIES}
+    click.echo(f"\n== legacy store: {path}\n{render_storage(before)}\n")
+    say("upgrading (adopt, then convert in place)")
+    started = time.perf_counter()
+    revisions = migrate.upgrade(str(path))
+    upgraded = time.perf_counter() - started
+    say("optimizing (merge, checkpoint, VACUUM)")
+    result = optimize_store(engine, progress=say)
+    with engine.connect() as conn:
+        after = storage_report(conn)
+        after_hits = {q: search_messages(conn, q, limit=5) for q in DEMO_QUERIES}
+    engine.dispose()
+    click.echo(
+        f"== upgraded {revisions[0] or '(unversioned)'} -> {revisions[1]} in {upgraded:.2f} s; "
+        f"optimize: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}\n"
+        f"{render_storage(after)}\n"
+    )
+    ratio = after.file_bytes / before.file_bytes if before.file_bytes else 1.0
+    click.echo(
+        f"== size: {human_bytes(before.file_bytes)} -> {human_bytes(after.file_bytes)} "
+        f"({ratio:.3f}x)\n"
+    )
+    click.echo("== searches before and after the upgrade")
+    for query in DEMO_QUERIES:
+        same = before_hits[query] == after_hits[query]
+        click.echo(
+            f"{query!r:<24} {len(after_hits[query])} hits  {'identical' if same else 'DIFFERENT'}"
+        )
+        if not same:
+            raise click.ClickException(f"search results differ for {query!r}")
+
+
+if __name__ == "__main__":
+    main(prog_name="hermes-store")

@@ -1,0 +1,845 @@
+"""The `hermes-store` console script: every command through click's runner, a few as processes.
+
+The JSON a command prints is checked against the database itself (read with the stdlib
+`sqlite3`), and every error path must end in a non-zero exit with a one-line message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from click.testing import CliRunner, Result
+from legacy.build import build_legacy_store
+
+from hermes_store import cli, corpus, maintenance, migrate
+from hermes_store.cli import main
+from hermes_store.engine import ENV_BUSY_TIMEOUT, create_store_engine
+from hermes_store.search import search_messages
+from hermes_store.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA
+
+HEAD = migrate.head_revision()
+FTS_INDEXES = ["messages_fts", "messages_fts_trigram"]
+#: Commands that only read a store: they must never create one.
+READ_ONLY_COMMANDS = (
+    ["current"],
+    ["stats"],
+    ["storage"],
+    ["check"],
+    ["search", "error"],
+)
+#: Every command that opens an existing store (optimize writes, but never creates one).
+EXISTING_STORE_COMMANDS = (*READ_ONLY_COMMANDS, ["optimize"])
+SOURCES = ("cli", "telegram", "discord")
+REPORTING_COMMANDS = ("upgrade", "current", "stats", "storage", "optimize", "check", "search")
+
+
+# --------------------------------------------------------------------------------------
+# Stores
+# --------------------------------------------------------------------------------------
+
+
+def _no_wal(path: Path) -> None:
+    """A template must be one self-contained file (the last close checkpointed the WAL)."""
+    assert not path.with_name(path.name + "-wal").exists()
+
+
+def fill(path: Path) -> None:
+    """200 corpus messages in sessions of three sources, every ninth message rewound.
+
+    Sources and visibility are set here rather than left to the corpus generator, so that
+    the filter tests always have something to filter.
+    """
+    data = corpus.generate(200, 5)
+    assert len(data.sessions) >= 2, "the corpus should spread 200 messages over sessions"
+    for number, session in enumerate(data.sessions):
+        session["source"] = SOURCES[number % len(SOURCES)]
+    for number, message in enumerate(data.messages):
+        if number % 9 == 4:
+            message["active"] = message["compacted"] = 0
+    with closing(sqlite3.connect(path)) as conn:
+        corpus.populate(conn, data)
+        conn.commit()
+    _no_wal(path)
+
+
+@pytest.fixture(scope="session")
+def head_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store created at head holding the messages of `fill`."""
+    path = tmp_path_factory.mktemp("templates") / "head.db"
+    migrate.upgrade(str(path))
+    fill(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def legacy_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A long-lived schema-21 store (inline FTS5, never under Alembic) filled by `fill`."""
+    path = tmp_path_factory.mktemp("templates") / "legacy.db"
+    build_legacy_store(path, 21)
+    fill(path)
+    return path
+
+
+@pytest.fixture
+def head_store(head_template: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copy(head_template, tmp_path / "state.db"))
+
+
+@pytest.fixture
+def legacy_store(legacy_template: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copy(legacy_template, tmp_path / "legacy.db"))
+
+
+def query(path: Path, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Rows of one statement, read with the stdlib driver (independent of the CLI)."""
+    with closing(sqlite3.connect(path)) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def scalar(path: Path, sql: str, params: Sequence[Any] = ()) -> Any:
+    return query(path, sql, params)[0][0]
+
+
+def fingerprint(path: Path) -> tuple[bytes, int]:
+    """Content hash and mtime of a file: proof that a refused command left it alone."""
+    return hashlib.sha256(path.read_bytes()).digest(), path.stat().st_mtime_ns
+
+
+def sidecars(path: Path) -> list[Path]:
+    return [
+        p for s in ("-wal", "-shm", "-journal") if (p := path.with_name(path.name + s)).exists()
+    ]
+
+
+@contextmanager
+def write_lock(path: Path) -> Iterator[None]:
+    """Another connection holds the write lock (`BEGIN IMMEDIATE`) while the block runs."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------------------
+# Running the command
+# --------------------------------------------------------------------------------------
+
+
+def invoke(*args: str | Path, expect: int | None = 0, color: bool = False) -> Result:
+    """Run the command in-process; stdout and stderr are kept apart."""
+    result = CliRunner().invoke(main, [str(a) for a in args], color=color)
+    if expect is not None:
+        assert result.exit_code == expect, (result.exit_code, result.output, result.exception)
+    if expect == 0:
+        assert result.exception is None
+    return result
+
+
+def invoke_json(*args: str | Path) -> Any:
+    result = invoke(*args, "--json")
+    return json.loads(result.stdout)
+
+
+def assert_one_line_error(result: Result, *fragments: str) -> str:
+    """Exit 1, a single `Error: ...` line on stderr naming what went wrong, no traceback."""
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    # click turns the expected failures into SystemExit; anything else is a bug.
+    assert isinstance(result.exception, SystemExit), result.exception
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+class Proc(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_process(*args: str | Path, env: dict[str, str] | None = None) -> Proc:
+    """The command as a real process: `python -m hermes_store.cli ...`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "hermes_store.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+    return Proc(done.returncode, done.stdout, done.stderr)
+
+
+def assert_process_error(proc: Proc, *fragments: str) -> None:
+    assert proc.returncode == 1, proc
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("Error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+# --------------------------------------------------------------------------------------
+# Help text
+# --------------------------------------------------------------------------------------
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    assert set(main.commands) >= {
+        "upgrade",
+        "current",
+        "stats",
+        "storage",
+        "optimize",
+        "check",
+        "search",
+        "demo",
+    }
+    assert "Example" in invoke("--help").stdout
+    for name, command in main.commands.items():
+        text = invoke(name, "--help").stdout
+        assert "Example" in text, name
+        assert f"hermes-store {name}" in text, name  # the example runs this very command
+        assert (command.help or "").strip(), name
+        if name in REPORTING_COMMANDS:
+            assert "--db" in text, name
+            assert "--json" in text, name
+
+
+def test_help_in_a_real_process() -> None:
+    proc = run_process("optimize", "--help")
+    assert proc.returncode == 0, proc
+    assert "Example" in proc.stdout
+    assert "--no-vacuum" in proc.stdout
+    assert proc.stdout.startswith("Usage: hermes-store optimize")
+
+
+# --------------------------------------------------------------------------------------
+# upgrade
+# --------------------------------------------------------------------------------------
+
+
+def test_upgrade_adopts_and_converts_a_legacy_store(legacy_store: Path) -> None:
+    messages = scalar(legacy_store, "SELECT count(*) FROM messages")
+    data = invoke_json("upgrade", "--db", legacy_store)
+    assert data["from"] is None
+    assert data["legacy_schema"] == 21
+    assert data["to"] == HEAD
+    assert data["seconds"] >= 0
+    assert scalar(legacy_store, "SELECT version_num FROM alembic_version") == HEAD
+    assert scalar(legacy_store, "SELECT count(*) FROM messages") == messages
+    assert invoke_json("current", "--db", legacy_store)["fts_layout"] == "external"
+    # Nothing left to do: the second run goes from head to head.
+    text = invoke("upgrade", "--db", legacy_store).stdout
+    assert text.startswith(f"{HEAD} -> {HEAD} in ")
+    assert text.rstrip().endswith(" s")
+
+
+def test_upgrade_text_names_the_legacy_schema(legacy_store: Path) -> None:
+    result = invoke("upgrade", "--db", legacy_store)
+    assert result.stdout.startswith(f"legacy schema 21 (unversioned) -> {HEAD} in ")
+    assert result.stderr == ""  # no progress when not attached to a terminal
+
+
+def test_upgrade_creates_a_store_step_by_step(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "state.db"
+    assert invoke("upgrade", "--db", path, "--revision", "21").stdout.startswith(
+        "(new store) -> 21 in "
+    )
+    assert scalar(path, "SELECT version_num FROM alembic_version") == "21"
+    assert invoke_json("current", "--db", path)["revision"] == "21"
+    data = invoke_json("upgrade", "--db", path)
+    assert (data["from"], data["to"], data["legacy_schema"]) == ("21", HEAD, None)
+
+
+def test_upgrade_resolves_the_default_store_in_hermes_home(isolated_home: Path) -> None:
+    invoke("upgrade")
+    assert scalar(isolated_home / "state.db", "SELECT version_num FROM alembic_version") == HEAD
+
+
+def test_upgrade_to_an_unknown_revision_is_one_line(head_store: Path) -> None:
+    before = fingerprint(head_store)
+    result = invoke("upgrade", "--db", head_store, "--revision", "nonesuch", expect=None)
+    assert_one_line_error(result, "nonesuch")
+    assert fingerprint(head_store)[0] == before[0]
+
+
+# --------------------------------------------------------------------------------------
+# current / stats
+# --------------------------------------------------------------------------------------
+
+
+def test_current_json_matches_the_database(head_store: Path) -> None:
+    data = invoke_json("current", "--db", head_store)
+    assert data["revision"] == scalar(head_store, "SELECT version_num FROM alembic_version")
+    assert data["revision"] == data["head"] == HEAD
+    assert data["legacy_schema"] == scalar(head_store, "SELECT version FROM schema_version")
+    assert data["fts_layout"] == "external"
+    assert data["fts_indexes"] == dict.fromkeys(FTS_INDEXES, "external")
+    sql = scalar(head_store, "SELECT sql FROM sqlite_master WHERE name = 'messages_fts'")
+    assert "content='messages_fts_source'" in sql.replace(" ", "")
+
+
+def test_current_on_a_legacy_store(legacy_store: Path) -> None:
+    data = invoke_json("current", "--db", legacy_store)
+    assert data["revision"] is None
+    assert data["legacy_schema"] == 21
+    assert data["fts_layout"] == "inline"
+    assert data["fts_indexes"] == dict.fromkeys(FTS_INDEXES, "inline")
+    text = invoke("current", "--db", legacy_store).stdout
+    assert "unversioned" in text
+    assert "legacy schema: 21" in text
+    assert "search layout: inline" in text
+
+
+def test_stats_json_matches_the_database(head_store: Path) -> None:
+    data = invoke_json("stats", "--db", head_store)
+    assert data["sessions"] == scalar(head_store, "SELECT count(*) FROM sessions")
+    assert data["messages"] == scalar(head_store, "SELECT count(*) FROM messages") == 200
+    by_source = dict(query(head_store, "SELECT source, count(*) FROM sessions GROUP BY source"))
+    assert data["sessions_by_source"] == by_source
+    assert set(by_source) == set(SOURCES[: data["sessions"]])
+    assert data["file_bytes"] == head_store.stat().st_size
+    assert data["wal_bytes"] == 0
+    text = invoke("stats", "--db", head_store).stdout
+    assert f"messages: {data['messages']}" in text
+    assert "KiB" in text or "MiB" in text
+
+
+def test_db_accepts_a_url_and_the_environment(
+    head_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert invoke_json("stats", "--db", f"sqlite:///{head_store}")["messages"] == 200
+    monkeypatch.setenv("HERMES_STORE_URL", str(head_store))
+    assert invoke_json("stats")["messages"] == 200
+
+
+def test_default_store_is_hermes_home_state_db(head_store: Path, isolated_home: Path) -> None:
+    shutil.copy(head_store, isolated_home / "state.db")
+    assert invoke_json("current")["revision"] == HEAD
+
+
+def test_a_url_that_is_not_sqlite_is_refused() -> None:
+    result = invoke("stats", "--db", "postgresql://localhost/hermes", expect=None)
+    assert_one_line_error(result, "SQLite")
+
+
+# --------------------------------------------------------------------------------------
+# storage
+# --------------------------------------------------------------------------------------
+
+
+def owners(path: Path) -> dict[str, str]:
+    return {name: table for name, table in query(path, "SELECT name, tbl_name FROM sqlite_master")}
+
+
+def test_storage_adds_up_to_the_file_size(head_store: Path) -> None:
+    # Free some pages, so that the free list is part of the sum.
+    with closing(sqlite3.connect(head_store)) as conn:
+        conn.execute("DELETE FROM messages WHERE id % 2 = 0")
+        conn.commit()
+    _no_wal(head_store)
+    data = invoke_json("storage", "--db", head_store)
+    size = head_store.stat().st_size
+    assert data["freelist_pages"] == scalar(head_store, "PRAGMA freelist_count") > 0
+    assert data["file_bytes"] == data["page_size"] * data["page_count"] == size
+    assert data["free_bytes"] == data["freelist_pages"] * data["page_size"]
+    assert set(data["groups"]) == set(GROUPS)
+    assert sum(data["groups"].values()) + data["free_bytes"] == size
+    assert sum(data["objects"].values()) == sum(data["groups"].values())
+    assert data["layout"] == "external"
+    assert data["groups"][FTS_COPIES] == data["reclaimable_bytes"] == 0
+    # Each group is the objects of its tables, measured independently with dbstat.
+    dbstat = dict(query(head_store, "SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
+    assert data["objects"] == dbstat
+    owner = owners(head_store)
+    messages = sum(size for name, size in dbstat.items() if owner.get(name) == "messages")
+    assert data["groups"][MESSAGE_DATA] == messages
+    fts = sum(
+        size
+        for name, size in dbstat.items()
+        if owner.get(name, "").startswith("messages_fts") and owner[name] != "messages_fts_source"
+    )
+    assert data["groups"][FTS_INDEX] == fts
+
+
+def test_storage_shows_what_upgrading_an_inline_store_reclaims(legacy_store: Path) -> None:
+    data = invoke_json("storage", "--db", legacy_store)
+    assert data["layout"] == "inline"
+    copies = [f"{index}_content" for index in FTS_INDEXES]
+    owner = owners(legacy_store)
+    content_objects = {name for name, table in owner.items() if table in copies}
+    assert content_objects >= set(copies)
+    expected = sum(size for name, size in data["objects"].items() if name in content_objects)
+    marks = ",".join("?" for _ in content_objects)
+    measured = scalar(
+        legacy_store, f"SELECT sum(pgsize) FROM dbstat WHERE name IN ({marks})", [*content_objects]
+    )
+    assert data["reclaimable_bytes"] == data["groups"][FTS_COPIES] == expected == measured > 0
+    assert sum(data["groups"].values()) + data["free_bytes"] == legacy_store.stat().st_size
+
+    text = invoke("storage", "--db", legacy_store).stdout
+    assert "layout: inline" in text
+    assert "would reclaim" in text
+    assert "redundant FTS text copies" in text
+    assert "messages_fts_content" in text
+    assert "KiB" in text
+
+    # The promise holds: after the upgrade and optimize, the copies are gone for good.
+    invoke("upgrade", "--db", legacy_store)
+    invoke("optimize", "--db", legacy_store)
+    after = invoke_json("storage", "--db", legacy_store)
+    assert after["layout"] == "external"
+    assert after["reclaimable_bytes"] == 0
+    assert not content_objects & set(after["objects"])
+    assert after["file_bytes"] < data["file_bytes"]
+    assert "would reclaim" not in invoke("storage", "--db", legacy_store).stdout
+
+
+# --------------------------------------------------------------------------------------
+# optimize
+# --------------------------------------------------------------------------------------
+
+
+def test_optimize_reports_sizes_that_match_the_file(head_store: Path) -> None:
+    with closing(sqlite3.connect(head_store)) as conn:
+        conn.execute("DELETE FROM messages WHERE id > 40")
+        conn.commit()
+    size_before = head_store.stat().st_size
+    data = invoke_json("optimize", "--db", head_store)
+    assert data["bytes_before"] == size_before
+    assert data["bytes_after"] == head_store.stat().st_size
+    assert data["reclaimed"] == data["bytes_before"] - data["bytes_after"] > 0
+    assert data["indexes"] == FTS_INDEXES
+    assert data["vacuumed"] is True
+    assert scalar(head_store, "PRAGMA freelist_count") == 0
+    wal = head_store.with_name(head_store.name + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+    assert invoke_json("check", "--db", head_store)["ok"] is True
+
+    text = invoke("optimize", "--db", head_store).stdout
+    assert " -> " in text
+    assert "reclaimed" in text
+    assert "merged 2 index(es)" in text
+
+
+def test_optimize_no_vacuum_keeps_free_pages(head_store: Path) -> None:
+    with closing(sqlite3.connect(head_store)) as conn:
+        conn.execute("DELETE FROM messages WHERE id > 40")
+        conn.commit()
+    free = scalar(head_store, "PRAGMA freelist_count")
+    data = invoke_json("optimize", "--db", head_store, "--no-vacuum")
+    assert data["vacuumed"] is False
+    assert data["indexes"] == FTS_INDEXES
+    assert scalar(head_store, "PRAGMA freelist_count") >= free > 0
+
+
+class _Usage(NamedTuple):
+    total: int
+    used: int
+    free: int
+
+
+def test_optimize_refuses_without_the_space_vacuum_needs(
+    head_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def nearly_full(_path: object) -> _Usage:
+        return _Usage(total=10 << 30, used=(10 << 30) - 4096, free=4096)
+
+    monkeypatch.setattr(maintenance.shutil, "disk_usage", nearly_full)
+    before = fingerprint(head_store)
+    result = invoke("optimize", "--db", head_store, expect=None)
+    assert_one_line_error(result, "VACUUM needs", "free", "--no-vacuum")
+    assert fingerprint(head_store) == before
+    wal = head_store.with_name(head_store.name + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0  # nothing was written
+    # Without VACUUM there is nothing to refuse.
+    assert invoke_json("optimize", "--db", head_store, "--no-vacuum")["vacuumed"] is False
+
+
+def test_progress_only_on_a_terminal_and_never_with_json(
+    head_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert invoke("optimize", "--db", head_store).stderr == ""  # piped: nothing extra
+    monkeypatch.setattr(cli, "_interactive", lambda: True)
+    progress = invoke("optimize", "--db", head_store).stderr
+    assert "merging messages_fts" in progress
+    assert "vacuuming" in progress
+    result = invoke("optimize", "--db", head_store, "--json")
+    assert result.stderr == ""
+    json.loads(result.stdout)
+
+
+# --------------------------------------------------------------------------------------
+# check
+# --------------------------------------------------------------------------------------
+
+
+def test_check_passes_on_healthy_stores(head_store: Path, legacy_store: Path) -> None:
+    for path in (head_store, legacy_store):
+        data = invoke_json("check", "--db", path)
+        assert data == {
+            "ok": True,
+            "checked": ["PRAGMA integrity_check", *FTS_INDEXES],
+            "problems": {},
+        }
+    text = invoke("check", "--db", head_store, "--quick").stdout
+    assert text.splitlines()[0].split() == ["PRAGMA", "quick_check", "ok"]
+
+
+def damage_word_index(path: Path) -> None:
+    """Remove a message's tokens from messages_fts under the wrong text: the index lies."""
+    victim = scalar(path, "SELECT min(id) FROM messages WHERE content LIKE '% %'")
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute(
+            "INSERT INTO messages_fts(messages_fts, rowid, content) "
+            "VALUES ('delete', ?, 'wrong text')",
+            (victim,),
+        )
+        conn.commit()
+
+
+def test_check_detects_a_damaged_fts_index(head_store: Path) -> None:
+    damage_word_index(head_store)
+    result = invoke("check", "--db", head_store, expect=1)
+    stderr = result.stderr.strip().splitlines()
+    assert len(stderr) == 1
+    assert stderr[0].startswith("broken: messages_fts (")
+    assert "messages_fts_trigram" not in stderr[0]  # the other index is fine
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()}
+    assert "BROKEN" in lines["messages_fts"]
+    assert lines["messages_fts_trigram"].rstrip().endswith("ok")
+
+    result = invoke("check", "--db", head_store, "--json", expect=1)
+    data = json.loads(result.stdout)
+    assert data["ok"] is False
+    assert list(data["problems"]) == ["messages_fts"]
+
+
+def test_check_detects_a_damaged_btree_index(head_store: Path) -> None:
+    """An index whose entries no longer match its declaration: integrity_check names it."""
+    with closing(sqlite3.connect(head_store)) as conn:
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute(
+            "UPDATE sqlite_master SET sql = 'CREATE INDEX idx_sessions_source ON "
+            "sessions(started_at)' WHERE name = 'idx_sessions_source'"
+        )
+        conn.commit()
+    result = invoke("check", "--db", head_store, expect=1)
+    assert "idx_sessions_source" in result.stderr
+    assert result.stderr.startswith("broken: database (")
+    data = json.loads(invoke("check", "--db", head_store, "--json", expect=1).stdout)
+    assert "idx_sessions_source" in data["problems"]["database"]
+
+
+def test_check_damage_in_a_real_process(head_store: Path) -> None:
+    damage_word_index(head_store)
+    proc = run_process("check", "--db", head_store)
+    assert proc.returncode == 1, proc
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("broken: messages_fts (")
+    assert "BROKEN" in proc.stdout
+
+
+# --------------------------------------------------------------------------------------
+# search
+# --------------------------------------------------------------------------------------
+
+
+def message_rows(path: Path) -> dict[int, dict[str, Any]]:
+    rows = query(
+        path,
+        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, m.active = 1 OR "
+        "m.compacted = 1, coalesce(m.content, '') || ' ' || coalesce(m.tool_name, '') || ' ' "
+        "|| coalesce(m.tool_calls, '') FROM messages m JOIN sessions s ON s.id = m.session_id",
+    )
+    keys = ("id", "session_id", "role", "timestamp", "source", "visible", "indexed")
+    return {row[0]: dict(zip(keys, row, strict=True)) for row in rows}
+
+
+def test_search_json_matches_the_database(head_store: Path) -> None:
+    rows = message_rows(head_store)
+    hits = invoke_json("search", "the", "--db", head_store, "--limit", "1000")
+    assert hits
+    for hit in hits:
+        row = rows[hit["id"]]
+        assert (hit["session_id"], hit["role"], hit["source"]) == (
+            row["session_id"],
+            row["role"],
+            row["source"],
+        )
+        assert hit["timestamp"] == row["timestamp"]
+        assert row["visible"]  # rewound messages (neither active nor compacted) are left out
+        assert ">>>" in hit["snippet"]
+        assert "the" in row["indexed"].lower()  # what the word index holds for it
+    # The command is the library function, nothing more.
+    engine = create_store_engine(head_store, create=False)
+    try:
+        with engine.connect() as conn:
+            assert hits == json.loads(json.dumps(search_messages(conn, "the", limit=1000)))
+    finally:
+        engine.dispose()
+    assert len(invoke_json("search", "the", "--db", head_store, "--limit", "3")) == 3
+
+
+def test_search_filters_and_sorts(head_store: Path) -> None:
+    rows = message_rows(head_store)
+    every = invoke_json("search", "the", "--db", head_store, "--limit", "1000")
+    sources = {hit["source"] for hit in every}
+    assert len(sources) > 1
+    source = sorted(sources)[0]
+    only = invoke_json("search", "the", "--db", head_store, "--limit", "1000", "--source", source)
+    assert {hit["id"] for hit in only} == {hit["id"] for hit in every if hit["source"] == source}
+
+    users = invoke_json("search", "the", "--db", head_store, "--limit", "1000", "--role", "user")
+    assert users
+    assert {hit["id"] for hit in users} == {hit["id"] for hit in every if hit["role"] == "user"}
+
+    newest = invoke_json("search", "the", "--db", head_store, "--limit", "1000", "--sort", "newest")
+    oldest = invoke_json("search", "the", "--db", head_store, "--limit", "1000", "--sort", "oldest")
+    stamps = [hit["timestamp"] for hit in newest]
+    assert stamps == sorted(stamps, reverse=True)
+    assert [hit["timestamp"] for hit in oldest] == sorted(stamps)
+
+    with_inactive = invoke_json(
+        "search", "the", "--db", head_store, "--limit", "1000", "--include-inactive"
+    )
+    ids = {hit["id"] for hit in with_inactive}
+    assert ids > {hit["id"] for hit in every}
+    assert any(not rows[i]["visible"] for i in ids)
+
+
+def test_search_text_highlights_only_on_a_terminal(
+    head_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    piped = invoke("search", "the", "--db", head_store, "--limit", "2").stdout
+    assert "\x1b[" not in piped
+    assert piped.startswith("#")
+    monkeypatch.setattr(cli, "_color_stdout", lambda: True)
+    shown = invoke("search", "the", "--db", head_store, "--limit", "2", color=True).stdout
+    assert "\x1b[1;33m" in shown
+    assert ">>>" not in shown
+
+
+def test_search_without_matches(head_store: Path) -> None:
+    result = invoke("search", "zzqqxxnothing", "--db", head_store)
+    assert result.stdout == ""
+    assert result.stderr.strip() == "no matches"
+    assert invoke_json("search", "zzqqxxnothing", "--db", head_store) == []
+
+
+def test_search_answers_the_same_before_and_after_the_upgrade(legacy_store: Path) -> None:
+    queries = ("the", "error", "def*", "terminal OR docker", "数据库")
+    before = {q: invoke_json("search", q, "--db", legacy_store, "--limit", "50") for q in queries}
+    invoke("upgrade", "--db", legacy_store)
+    after = {q: invoke_json("search", q, "--db", legacy_store, "--limit", "50") for q in queries}
+    assert before == after
+    assert any(before.values())
+
+
+# --------------------------------------------------------------------------------------
+# demo
+# --------------------------------------------------------------------------------------
+
+
+def test_demo_upgrades_a_legacy_store_with_identical_searches(tmp_path: Path) -> None:
+    directory = tmp_path / "demo"
+    result = invoke("demo", "--messages", "300", "--dir", directory)
+    out = result.stdout
+    assert "identical" in out
+    assert "DIFFERENT" not in out
+    assert "layout: inline" in out
+    assert "layout: external" in out
+    assert "== size:" in out
+    assert result.stderr == ""  # not a terminal: no progress lines
+    path = directory / "demo.db"
+    assert scalar(path, "SELECT version_num FROM alembic_version") == HEAD
+    assert scalar(path, "SELECT count(*) FROM messages") == 300
+    # It never overwrites an earlier run.
+    assert_one_line_error(
+        invoke("demo", "--messages", "300", "--dir", directory, expect=None), "exists"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Error paths
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", EXISTING_STORE_COMMANDS, ids=lambda c: c[0])
+def test_missing_file_is_not_created(command: list[str], tmp_path: Path) -> None:
+    path = tmp_path / "missing.db"
+    assert_one_line_error(invoke(*command, "--db", path, expect=None), str(path), "no such")
+    assert not path.exists()
+    assert sidecars(path) == []
+
+
+def test_missing_default_store_leaves_no_hermes_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "absent-home"
+    monkeypatch.setenv("HERMES_HOME", str(home))
+    for command in READ_ONLY_COMMANDS:
+        assert_one_line_error(invoke(*command, expect=None), "state.db")
+    assert not home.exists()
+
+
+def test_missing_file_in_a_real_process(tmp_path: Path) -> None:
+    path = tmp_path / "missing.db"
+    assert_process_error(run_process("stats", "--db", path, "--json"), "no such")
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("command", EXISTING_STORE_COMMANDS, ids=lambda c: c[0])
+def test_an_empty_file_is_not_a_store_yet(command: list[str], tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()
+    assert_one_line_error(invoke(*command, "--db", path, expect=None), "empty")
+    assert path.stat().st_size == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b"this is a text file, not a store\n" * 20, "not a SQLite database"),
+        (b"SQLite format 3\x00" + b"\xff" * 4080, "cannot read"),
+    ],
+    ids=["text", "bad-header"],
+)
+@pytest.mark.parametrize("command", [*EXISTING_STORE_COMMANDS, ["upgrade"]], ids=lambda c: c[0])
+def test_not_a_database(command: list[str], content: bytes, fragment: str, tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(content)
+    assert_one_line_error(invoke(*command, "--db", path, expect=None), fragment)
+    assert path.read_bytes() == content
+
+
+def test_a_directory_is_not_a_database(tmp_path: Path) -> None:
+    assert_one_line_error(invoke("stats", "--db", tmp_path, expect=None), "directory")
+
+
+def test_not_a_database_in_a_real_process(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_text("hello\n")
+    assert_process_error(run_process("current", "--db", path), "not a SQLite database")
+    assert path.read_text() == "hello\n"
+
+
+def _unknown_revision(path: Path) -> None:
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = 'f00dfeed0042'")
+        conn.commit()
+
+
+def _legacy_schema(version: int) -> Any:
+    def edit(path: Path) -> None:
+        with closing(sqlite3.connect(path)) as conn:
+            conn.execute("DROP TABLE alembic_version")
+            conn.execute("UPDATE schema_version SET version = ?", (version,))
+            conn.commit()
+
+    return edit
+
+
+def _foreign_database(path: Path) -> None:
+    path.unlink()
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+        conn.commit()
+
+
+UNKNOWN_SCHEMAS = {
+    "unknown-revision": (_unknown_revision, "f00dfeed0042"),
+    "legacy-too-new": (_legacy_schema(99), "newer"),
+    "legacy-too-old": (_legacy_schema(12), "legacy schema 12"),
+    "not-hermes": (_foreign_database, "not a Hermes session store"),
+}
+
+
+@pytest.mark.parametrize("kind", UNKNOWN_SCHEMAS)
+@pytest.mark.parametrize("command", [*EXISTING_STORE_COMMANDS, ["upgrade"]], ids=lambda c: c[0])
+def test_a_store_at_an_unknown_schema_is_refused(
+    kind: str, command: list[str], head_store: Path
+) -> None:
+    edit, fragment = UNKNOWN_SCHEMAS[kind]
+    edit(head_store)
+    before = fingerprint(head_store)[0]
+    assert_one_line_error(invoke(*command, "--db", head_store, expect=None), fragment)
+    assert fingerprint(head_store)[0] == before
+
+
+def test_unknown_schema_in_a_real_process(head_store: Path) -> None:
+    _unknown_revision(head_store)
+    before = fingerprint(head_store)[0]
+    assert_process_error(run_process("upgrade", "--db", head_store), "f00dfeed0042", "newer")
+    assert fingerprint(head_store)[0] == before
+
+
+@pytest.fixture
+def short_busy_timeout(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Writers give up on a held lock after 150 ms instead of 30 s."""
+    monkeypatch.setenv(ENV_BUSY_TIMEOUT, "150")
+    return {ENV_BUSY_TIMEOUT: "150"}
+
+
+def test_locked_store_refuses_writing_commands(
+    legacy_store: Path, head_store: Path, short_busy_timeout: dict[str, str]
+) -> None:
+    with write_lock(legacy_store):
+        assert_one_line_error(invoke("upgrade", "--db", legacy_store, expect=None), "locked")
+    tables = {name for (name,) in query(legacy_store, "SELECT name FROM sqlite_master")}
+    assert "alembic_version" not in tables  # nothing of the upgrade was committed
+    assert invoke_json("current", "--db", legacy_store)["fts_layout"] == "inline"
+
+    with write_lock(head_store):
+        for command in (["optimize"], ["optimize", "--no-vacuum"], ["check"]):
+            result = invoke(*command, "--db", head_store, expect=None)
+            assert_one_line_error(result, "locked")
+            assert "broken" not in result.output  # a held lock is not damage
+        # Readers are not blocked by a writer (WAL).
+        assert invoke_json("stats", "--db", head_store)["messages"] == 200
+        assert invoke_json("search", "error", "--db", head_store)
+    assert invoke_json("check", "--db", head_store)["ok"] is True
+
+
+def test_locked_store_in_a_real_process(
+    legacy_store: Path, short_busy_timeout: dict[str, str]
+) -> None:
+    with write_lock(legacy_store):
+        proc = run_process("upgrade", "--db", legacy_store, env=short_busy_timeout)
+    assert_process_error(proc, "locked")
+    assert invoke_json("current", "--db", legacy_store)["revision"] is None
+
+
+def test_a_bad_busy_timeout_setting_is_one_line(
+    head_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_BUSY_TIMEOUT, "soon")
+    assert_one_line_error(invoke("stats", "--db", head_store, expect=None), ENV_BUSY_TIMEOUT)
+
+
+def test_json_happy_path_in_a_real_process(head_store: Path) -> None:
+    proc = run_process("stats", "--db", head_store, "--json")
+    assert proc.returncode == 0, proc
+    assert proc.stderr == ""
+    data = json.loads(proc.stdout)
+    assert data["messages"] == scalar(head_store, "SELECT count(*) FROM messages")
+    assert data["file_bytes"] == head_store.stat().st_size
