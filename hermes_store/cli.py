@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 
 import click
 from alembic.util import CommandError
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store import backfill, fts, migrate
 from hermes_store import corpus as corpus_mod
-from hermes_store import fts, migrate
 from hermes_store.engine import create_store_engine, db_path, resolve_url
 from hermes_store.errors import StoreError, StoreNotFound
 from hermes_store.maintenance import check_store, store_stats
@@ -140,8 +140,16 @@ def main() -> None:
     is_flag=True,
     help="Re-index from the messages instead of converting the legacy index in place.",
 )
+@click.option(
+    "--deferred-fts",
+    is_flag=True,
+    help="When an index must be rebuilt, swap the layout at once and leave the fill to "
+    "`hermes-store optimize-storage` (large stores; a healthy store still converts in place).",
+)
 @json_option
-def upgrade(db: str | None, revision: str, rebuild_fts: bool, as_json: bool) -> None:
+def upgrade(
+    db: str | None, revision: str, rebuild_fts: bool, deferred_fts: bool, as_json: bool
+) -> None:
     """Upgrade (or create) a store to REVISION, adopting a legacy store first.
 
     The same as `alembic -x db=PATH upgrade head`. A legacy store (schema 17 to 21, never
@@ -153,6 +161,8 @@ def upgrade(db: str | None, revision: str, rebuild_fts: bool, as_json: bool) -> 
       hermes-store upgrade --db ~/.hermes/state.db
     """
     x = {"fts_convert": "rebuild"} if rebuild_fts else {}
+    if deferred_fts:
+        x["fts_backfill"] = "deferred"
     with operator_errors():
         _url, path = store_url(db, create_home=True)
         state = migrate.inspect_file(path)
@@ -179,6 +189,30 @@ def upgrade(db: str | None, revision: str, rebuild_fts: bool, as_json: bool) -> 
     else:
         origin = "(new store)"
     click.echo(f"{origin} -> {after} in {elapsed:.2f} s")
+    with operator_errors():
+        engine = open_existing(db)
+        with engine.connect() as conn:
+            waiting = backfill_status(conn)
+    for index, status in waiting.items():
+        click.echo(
+            f"{index}: {status['rows_left']} rows left to index: run "
+            "`hermes-store optimize-storage`"
+        )
+
+
+def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
+    """Per index, what an unfinished deferred backfill still has to do."""
+    status: dict[str, dict[str, Any]] = {}
+    for item in backfill.pending(conn):
+        status[item.index] = {
+            "state": "filling",
+            "high_water": item.high_water,
+            "indexed_upto": item.indexed_upto,
+            "rows_left": backfill.rows_left(conn, item),
+        }
+    for index in backfill.merging(conn):
+        status[index] = {"state": "merging", "rows_left": 0}
+    return status
 
 
 def _current(engine: Engine) -> dict[str, Any]:
@@ -191,6 +225,7 @@ def _current(engine: Engine) -> dict[str, Any]:
             "head": migrate.head_revision(),
             "fts_layout": fts.layout(conn),
             "fts_indexes": {name: fts.index_layout(conn, name) for name in fts.INDEXES},
+            "backfill": backfill_status(conn) if revision == migrate.head_revision() else {},
         }
 
 
@@ -214,6 +249,8 @@ def current(db: str | None, as_json: bool) -> None:
     click.echo(f"revision:      {revision} (head is {info['head']})")
     click.echo(f"legacy schema: {info['legacy_schema']}")
     click.echo(f"search layout: {info['fts_layout']}")
+    for index, status in info["backfill"].items():
+        click.echo(f"backfill:      {index} {status['state']}, {status['rows_left']} rows left")
 
 
 @main.command()
@@ -282,10 +319,13 @@ def storage(db: str | None, as_json: bool) -> None:
         engine = open_existing(db)
         with engine.connect() as conn:
             report = storage_report(conn)
+            waiting = backfill_status(conn) if fts.layout(conn) == "external" else {}
     if as_json:
-        _emit(report.as_dict())
-    else:
-        click.echo(render_storage(report))
+        _emit({**report.as_dict(), "backfill": waiting})
+        return
+    click.echo(render_storage(report))
+    for index, status in waiting.items():
+        click.echo(f"backfill: {index} {status['state']}, {status['rows_left']} rows left")
 
 
 @main.command()
@@ -316,6 +356,101 @@ def optimize(db: str | None, no_vacuum: bool, as_json: bool) -> None:
         )
 
 
+@main.command("optimize-storage")
+@db_option
+@click.option(
+    "--chunk-rows",
+    default=backfill.DEFAULT_CHUNK_ROWS,
+    show_default=True,
+    type=click.IntRange(1),
+    help="At most this many messages per transaction.",
+)
+@click.option(
+    "--max-lock-ms",
+    default=backfill.DEFAULT_MAX_LOCK_MS,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="Aim to hold the write lock at most this long per transaction.",
+)
+@click.option(
+    "--duty",
+    default=backfill.DEFAULT_DUTY,
+    show_default=True,
+    type=click.FloatRange(0.01, 1.0),
+    help="Share of time spent holding the lock; the rest is left to other writers.",
+)
+@json_option
+def optimize_storage(
+    db: str | None, chunk_rows: int, max_lock_ms: float, duty: float, as_json: bool
+) -> None:
+    """Finish a deferred index build in short transactions, resumably.
+
+    After `hermes-store upgrade --deferred-fts` (or `check --repair` on a large store)
+    the indexes are filled here, a chunk at a time, each chunk in its own short
+    transaction, pausing between chunks so the agent keeps writing. Search covers every
+    message meanwhile. Safe to interrupt (Ctrl-C, kill) and to run again: it resumes.
+
+    \b
+    Example:
+      hermes-store optimize-storage --db state.db --max-lock-ms 50
+    """
+    show = _interactive() and not as_json
+    with operator_errors():
+        engine = open_existing(db)
+        with engine.connect() as conn:
+            if not backfill_status(conn):
+                if as_json:
+                    _emit({"rows_done": 0, "chunks": 0, "status": "nothing to do"})
+                else:
+                    click.echo("no deferred index build is pending: nothing to do")
+                return
+        bar = _backfill_bar(show)
+        try:
+            report = backfill.run(
+                engine, chunk_rows=chunk_rows, max_lock_ms=max_lock_ms, duty=duty, progress=bar
+            )
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted: every finished chunk is kept; run again to resume", err=True)
+            sys.exit(130)
+    result = {
+        "rows_done": report.rows_done,
+        "chunks": report.chunks,
+        "lock_seconds": round(report.lock_seconds, 3),
+        "longest_lock_ms": round(report.longest_lock * 1000, 1),
+        "paused_seconds": round(report.paused_seconds, 3),
+        "status": "done",
+    }
+    if as_json:
+        _emit(result)
+    else:
+        if show:
+            click.echo("", err=True)
+        click.echo(
+            f"indexed {report.rows_done} rows in {report.chunks} transactions; longest lock "
+            f"{result['longest_lock_ms']} ms, {report.lock_seconds:.1f} s locked in all"
+        )
+
+
+def _backfill_bar(show: bool) -> Callable[[backfill.BackfillProgress], None]:
+    """A one-line progress bar with an ETA, drawn on stderr when it is a terminal."""
+
+    def draw(progress: backfill.BackfillProgress) -> None:
+        if not show:
+            return
+        total = progress.rows_total or 1
+        share = progress.rows_done / total
+        eta = progress.eta_seconds
+        eta_text = f"ETA {eta:5.0f} s" if eta is not None else "ETA     ?"
+        bar = "#" * int(share * 30)
+        click.echo(
+            f"\r[{bar:<30}] {progress.rows_done}/{progress.rows_total} rows  {eta_text}",
+            err=True,
+            nl=False,
+        )
+
+    return draw
+
+
 @main.command()
 @db_option
 @click.option("--quick", is_flag=True, help="PRAGMA quick_check instead of integrity_check.")
@@ -332,12 +467,21 @@ def check(db: str | None, quick: bool, as_json: bool) -> None:
         with engine.connect() as conn:
             result = check_store(conn, quick=quick)
     if as_json:
-        _emit({"ok": result.ok, "checked": result.checked, "problems": result.problems})
+        _emit(
+            {
+                "ok": result.ok,
+                "checked": result.checked,
+                "problems": result.problems,
+                "skipped": result.skipped,
+            }
+        )
     else:
         for item in result.checked:
             # The PRAGMA's problems are filed under "database".
             problem = result.problems.get("database" if item.startswith("PRAGMA") else item)
             click.echo(f"{item:<28} {'BROKEN: ' + problem if problem else 'ok'}")
+        for item, reason in result.skipped.items():
+            click.echo(f"{item:<28} not checked: {reason}")
     if not result.ok:
         if not as_json:
             summary = "; ".join(

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from hermes_store.backfill import pending, rows_left
 from hermes_store.engine import db_path
 from hermes_store.errors import StoreBusy, StoreError
 from hermes_store.fts import CheckResult, integrity_check, optimize_index, present_indexes
@@ -146,7 +147,12 @@ def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
     for longer than the busy timeout, raise StoreBusy instead of reporting the indexes as
     broken.
     """
-    result = integrity_check(conn, quick=quick)
+    skip = {
+        item.index: f"deferred backfill pending ({rows_left(conn, item)} rows not indexed yet); "
+        "finish it with `hermes-store optimize-storage`"
+        for item in pending(conn)
+    }
+    result = integrity_check(conn, quick=quick, skip=skip)
     busy = [name for name, problem in result.problems.items() if _is_lock_error(problem)]
     if busy:
         raise StoreBusy(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import re
@@ -338,19 +339,22 @@ def _normalise_sort(sort: object) -> str | None:
     return None
 
 
+_RESULT_COLUMNS = (
+    _m.c.session_id,
+    _m.c.role,
+    _m.c.timestamp,
+    _m.c.tool_name,
+    _s.c.source,
+    _s.c.model,
+    _s.c.started_at.label("session_started"),
+)
+
+
 def _results_select(
     route: _Route, filters: _Filters, sort: str | None, limit: int, offset: int
 ) -> Select[*tuple[Any, ...]]:
     """Extend the hits select with the result columns, the contract's ORDER BY and the page."""
-    statement = _hits_select(route, filters).add_columns(
-        _m.c.session_id,
-        _m.c.role,
-        _m.c.timestamp,
-        _m.c.tool_name,
-        _s.c.source,
-        _s.c.model,
-        _s.c.started_at.label("session_started"),
-    )
+    statement = _hits_select(route, filters).add_columns(*_RESULT_COLUMNS)
     rank: ColumnElement[Any] = literal_column("rank")
     if route.index is None:
         statement = statement.order_by(_m.c.timestamp.desc())
@@ -364,20 +368,35 @@ def _results_select(
 
 
 def _fts_tables(conn: Connection) -> set[str]:
-    """Return which of the two FTS indexes exist in the database."""
+    """Return which of the two FTS indexes (and `state_meta`) exist in the database."""
     statement = select(_sqlite_master.c.name).where(
-        _sqlite_master.c.type == "table", _sqlite_master.c.name.in_([WORD_INDEX, TRIGRAM_INDEX])
+        _sqlite_master.c.type == "table",
+        _sqlite_master.c.name.in_([WORD_INDEX, TRIGRAM_INDEX, "state_meta"]),
     )
     return set(conn.execute(statement).scalars())
 
 
 def _fetch_hits(
-    conn: Connection, route: _Route, filters: _Filters, sort: str | None, limit: int, offset: int
+    conn: Connection,
+    route: _Route,
+    filters: _Filters,
+    sort: str | None,
+    page: tuple[int, int],
+    tables: set[str],
 ) -> list[dict[str, Any]] | None:
     """Run one route; None when its index rejected the query (the caller decides what next)."""
+    limit, offset = page
+    bounds = None
+    if route.index is not None and "state_meta" in tables:
+        bounds = _pending_range(conn, route.index)
+    if bounds is not None:  # fetch the first pages whole, merge, then cut the page
+        limit, offset = limit + offset, 0
     statement = _results_select(route, filters, sort, limit, offset)
     try:
-        rows = conn.execute(statement).mappings().all()
+        rows = [dict(row) for row in conn.execute(statement).mappings().all()]
+        if bounds is not None:
+            extra = _pending_hits(conn, route, filters, bounds)
+            rows = _merge_pending(rows, extra, sort, *page)
     except UnicodeEncodeError:  # lone surrogates cannot be bound: nothing can match them
         log.debug("search: query or filter not encodable as UTF-8; no results")
         return []
@@ -386,7 +405,125 @@ def _fetch_hits(
             raise
         log.debug("search: %s rejected the query (%s)", route.index, type(exc.orig).__name__)
         return None
-    return [dict(row) for row in rows]
+    return rows
+
+
+# -- a deferred backfill in progress --------------------------------------------------------
+# While `optimize-storage` has not yet indexed the ids (indexed_upto, high_water] of an
+# index, those rows are searched here: a LIKE scan over the range picks the rows that
+# contain any term of the query, and a temporary FTS5 table with the same tokenizer holds
+# just those rows to apply the exact MATCH expression and compute the same snippet.
+_TERM = re.compile(r"\w+")
+_FTS_OPERATORS = frozenset({"AND", "OR", "NOT", "NEAR"})
+_PENDING_TABLE = "hermes_pending_rows"
+_TOKENIZERS = {WORD_INDEX: "", TRIGRAM_INDEX: ", tokenize='trigram'"}
+
+
+def _pending_range(conn: Connection, index: str) -> tuple[int, int] | None:
+    """(indexed_upto, high_water) of an unfinished deferred backfill of ``index``, or None."""
+    rows: dict[str, str] = {
+        str(key): str(value)
+        for key, value in conn.exec_driver_sql(
+            "SELECT key, value FROM state_meta WHERE key IN (?, ?)",
+            (f"{index}.backfill_indexed_upto", f"{index}.backfill_high_water"),
+        )
+    }
+    high = rows.get(f"{index}.backfill_high_water")
+    if high is None:
+        return None
+    return int(rows.get(f"{index}.backfill_indexed_upto") or 0), int(high)
+
+
+def _candidate_terms(route: _Route) -> list[str]:
+    """Substrings one of which every row matching the route's MATCH expression contains."""
+    if route.index == TRIGRAM_INDEX:
+        return [token for token in route.like_tokens if token]
+    return [t for t in _TERM.findall(route.match) if t not in _FTS_OPERATORS]
+
+
+def _pending_hits(
+    conn: Connection, route: _Route, filters: _Filters, bounds: tuple[int, int]
+) -> list[dict[str, Any]]:
+    """Rows of the not-yet-indexed range that match the route, with rank and snippet."""
+    assert route.index is not None
+    terms = _candidate_terms(route)
+    if not terms:
+        return []
+    low, high = bounds
+    expression = (
+        func.coalesce(_m.c.content, "")
+        + " "
+        + func.coalesce(_m.c.tool_name, "")
+        + " "
+        + func.coalesce(_m.c.tool_calls, "")
+    )
+    likes = [
+        expression.like(bindparam("term", f"%{_escape_like(t)}%", String, unique=True), "\\")
+        for t in terms
+    ]
+    candidates = (
+        select(_m.c.id, expression)
+        .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
+        .where(
+            _m.c.id > low,
+            _m.c.id <= high,
+            or_(*likes),
+            *_filter_criteria(filters, visibility=True),
+        )
+    )
+    rows = conn.execute(candidates).all()
+    if not rows:
+        return []
+    pending = table(_PENDING_TABLE, column("rowid", Integer), column("rank", Float))
+    conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{_PENDING_TABLE}")
+    conn.exec_driver_sql(
+        f"CREATE VIRTUAL TABLE temp.{_PENDING_TABLE} USING fts5(content{_TOKENIZERS[route.index]})"
+    )
+    try:
+        conn.exec_driver_sql(
+            f"INSERT INTO temp.{_PENDING_TABLE}(rowid, content) VALUES (?, ?)",
+            [tuple(row) for row in rows],
+        )
+        snippet = literal_column(f"snippet({_PENDING_TABLE}, 0, '>>>', '<<<', '...', 40)", String)
+        matches = literal_column(_PENDING_TABLE).op("MATCH")(
+            bindparam("match", route.match, String, unique=True)
+        )
+        statement = (
+            select(_m.c.id, pending.c.rank.label("rank"), snippet.label("snippet"))
+            .select_from(
+                pending.join(_m, _m.c.id == pending.c.rowid).join(_s, _s.c.id == _m.c.session_id)
+            )
+            .where(matches)
+            .add_columns(*_RESULT_COLUMNS)
+        )
+        return [dict(row) for row in conn.execute(statement).mappings()]
+    finally:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{_PENDING_TABLE}")
+
+
+def _merge_pending(
+    rows: list[dict[str, Any]],
+    extra: list[dict[str, Any]],
+    sort: str | None,
+    limit: int,
+    offset: int,
+) -> list[dict[str, Any]]:
+    """Merge indexed hits (already ordered) with the pending range's, then page them."""
+    if sort == "newest":
+
+        def key(row: dict[str, Any]) -> tuple[float, float]:
+            return (-row["timestamp"], row["rank"])
+    elif sort == "oldest":
+
+        def key(row: dict[str, Any]) -> tuple[float, float]:
+            return (row["timestamp"], row["rank"])
+    else:
+
+        def key(row: dict[str, Any]) -> tuple[float, float]:
+            return (row["rank"], 0.0)
+
+    merged = list(heapq.merge(rows, sorted(extra, key=key), key=key))
+    return merged[offset : offset + limit]
 
 
 def _context_text(raw: object) -> str:
@@ -478,10 +615,10 @@ def search_messages(
         role_filter=role_filter,
     )
     order = _normalise_sort(sort)
-    rows = _fetch_hits(connection, route, filters, order, limit, offset)
+    rows = _fetch_hits(connection, route, filters, order, (limit, offset), tables)
     if rows is None and route.index == TRIGRAM_INDEX:  # trigram rejected it: LIKE scan
         route = _Route(None, "", route.like_tokens)
-        rows = _fetch_hits(connection, route, filters, order, limit, offset)
+        rows = _fetch_hits(connection, route, filters, order, (limit, offset), tables)
     if not rows:  # None here: the word index rejected the query (FTS5 syntax error)
         return []
     log.debug("search: %d hit(s) from %s", len(rows), route.index or "LIKE scan")

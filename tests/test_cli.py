@@ -500,6 +500,7 @@ def test_check_passes_on_healthy_stores(head_store: Path, legacy_store: Path) ->
             "ok": True,
             "checked": ["PRAGMA integrity_check", *FTS_INDEXES],
             "problems": {},
+            "skipped": {},
         }
     text = invoke("check", "--db", head_store, "--quick").stdout
     assert text.splitlines()[0].split() == ["PRAGMA", "quick_check", "ok"]

@@ -400,6 +400,9 @@ def _rebuild_external(name: str, deferred: bool) -> str:
     if deferred and high_water:
         # Rows up to the high-water mark are indexed later, in short chunks, by
         # `hermes-store optimize-storage`; the triggers leave that range alone until then.
+        # Automerge is off meanwhile so that no chunk pays for a merge; the backfill merges
+        # the segments in short steps at the end and turns it back on.
+        op.execute(f"INSERT INTO {name}({name}, rank) VALUES ('automerge', 0)")
         _bind().execute(
             sa.text("INSERT OR REPLACE INTO state_meta (key, value) VALUES (:key, :value)"),
             [

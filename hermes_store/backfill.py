@@ -1,0 +1,291 @@
+"""Online, resumable, throttled FTS index fill for stores too large to index in one lock.
+
+Revision 22 with `-x fts_backfill=deferred` (and `check --repair`) leaves an index empty
+for the ids up to a high-water mark and records, in `state_meta`, how far it is filled:
+`<index>.backfill_high_water` and `<index>.backfill_indexed_upto`. The triggers leave the
+rows in between to this module. Each chunk indexes the next rows and moves the marker in
+the same short `BEGIN IMMEDIATE` transaction, so a kill at any instant loses at most the
+chunk in flight, and a re-run resumes from the marker. When an index is complete its keys
+are deleted and its triggers behave as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, Engine, text
+
+from hermes_store.engine import BEGIN_OPTION
+from hermes_store.fts import INDEXES, SOURCE_VIEW, present_indexes
+
+log = logging.getLogger(__name__)
+
+HIGH_WATER = "{index}.backfill_high_water"
+INDEXED_UPTO = "{index}.backfill_indexed_upto"
+#: Set when the fill is done and the segments it wrote still have to be merged.
+MERGING = "{index}.backfill_merging"
+#: FTS5's default 'automerge'; the fill turns it off so that no chunk pays for a merge.
+DEFAULT_AUTOMERGE = 4
+MERGE_PAGES = 16
+DEFAULT_CRISISMERGE = 16
+FILL_CRISISMERGE = 1000
+FIRST_CHUNK_BYTES = 32_768
+MAX_CHUNK_BYTES = 1 << 30
+DEFAULT_CHUNK_ROWS = 2000
+DEFAULT_MAX_LOCK_MS = 100.0
+DEFAULT_DUTY = 0.5
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An index whose rows in (indexed_upto, high_water] are not indexed yet."""
+
+    index: str
+    high_water: int
+    indexed_upto: int
+
+
+@dataclass
+class BackfillProgress:
+    """What a run did so far; passed to the progress callback after every chunk."""
+
+    rows_total: int
+    rows_done: int = 0
+    chunks: int = 0
+    lock_seconds: float = 0.0
+    longest_lock: float = 0.0
+    paused_seconds: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Expected time left at the pace so far (pauses included)."""
+        if not self.rows_done:
+            return None
+        elapsed = time.perf_counter() - self.started
+        return elapsed / self.rows_done * (self.rows_total - self.rows_done)
+
+
+def _meta(conn: Connection) -> dict[str, str]:
+    return {
+        str(key): str(value)
+        for key, value in conn.execute(
+            text("SELECT key, value FROM state_meta WHERE key LIKE 'messages_fts%'")
+        )
+    }
+
+
+def merging(conn: Connection) -> list[str]:
+    """Indexes whose fill is done but whose segments are not merged yet."""
+    rows = _meta(conn)
+    return [index for index in INDEXES if MERGING.format(index=index) in rows]
+
+
+def pending(conn: Connection) -> list[Pending]:
+    """Indexes with an unfinished deferred backfill (rows not indexed yet)."""
+    rows = _meta(conn)
+    result = []
+    for index in INDEXES:
+        high = rows.get(HIGH_WATER.format(index=index))
+        if high is not None:
+            upto = int(rows.get(INDEXED_UPTO.format(index=index)) or 0)
+            result.append(Pending(index, int(high), upto))
+    return result
+
+
+def rows_left(conn: Connection, item: Pending) -> int:
+    """Messages still to index for one pending index."""
+    return int(
+        conn.execute(
+            text("SELECT count(*) FROM messages WHERE id > :lo AND id <= :hi"),
+            {"lo": item.indexed_upto, "hi": item.high_water},
+        ).scalar_one()
+    )
+
+
+def start(conn: Connection, index: str) -> Pending:
+    """Empty `index` and mark every current row as waiting for the backfill (repair path).
+
+    Runs inside the caller's transaction; after it commits, search covers the marked rows
+    by scanning them until `run` has indexed them.
+    """
+    if index not in present_indexes(conn):
+        raise ValueError(f"{index} does not exist in this store")
+    high = int(conn.execute(text("SELECT coalesce(max(id), 0) FROM messages")).scalar_one())
+    conn.exec_driver_sql(f"INSERT INTO {index}({index}) VALUES ('delete-all')")
+    conn.exec_driver_sql(f"INSERT INTO {index}({index}, rank) VALUES ('automerge', 0)")
+    _set(conn, HIGH_WATER.format(index=index), high)
+    _set(conn, INDEXED_UPTO.format(index=index), 0)
+    return Pending(index, high, 0)
+
+
+def _set(conn: Connection, key: str, value: int) -> None:
+    conn.execute(
+        text("INSERT OR REPLACE INTO state_meta (key, value) VALUES (:key, :value)"),
+        {"key": key, "value": str(value)},
+    )
+
+
+# The next ids of the range, at most :n rows and (past the first) at most :bytes of text:
+# indexing costs about the same per byte, whatever the number of rows.
+_CHUNK_BOUNDARY = text(
+    """
+    SELECT max(id), count(*), coalesce(max(total), 0) FROM (
+        SELECT id, sum(size) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING) AS total
+        FROM (
+            SELECT id, length(CAST(content AS BLOB)) AS size FROM messages_fts_source
+            WHERE id > :lo AND id <= :hi ORDER BY id LIMIT :n
+        )
+    ) WHERE total <= :bytes OR total = (
+        SELECT length(CAST(content AS BLOB)) FROM messages_fts_source
+        WHERE id > :lo AND id <= :hi ORDER BY id LIMIT 1
+    )
+    """
+)
+
+
+def _chunk(conn: Connection, item: Pending, rows: int, budget: int) -> tuple[int, int, int]:
+    """Index the next messages of one index, within `rows` and `budget` bytes.
+
+    Returns (new indexed_upto, rows indexed, bytes indexed); the first row is always taken.
+    """
+    boundary, count, size = conn.execute(
+        _CHUNK_BOUNDARY,
+        {"lo": item.indexed_upto, "hi": item.high_water, "n": rows, "bytes": budget},
+    ).one()
+    upto = item.high_water if boundary is None else int(boundary)
+    inserted = conn.execute(
+        text(
+            f"INSERT INTO {item.index}(rowid, content) SELECT id, content FROM {SOURCE_VIEW} "
+            "WHERE id > :lo AND id <= :hi"
+        ),
+        {"lo": item.indexed_upto, "hi": upto},
+    ).rowcount
+    if upto >= item.high_water:
+        conn.execute(
+            text("DELETE FROM state_meta WHERE key IN (:a, :b)"),
+            {"a": HIGH_WATER.format(index=item.index), "b": INDEXED_UPTO.format(index=item.index)},
+        )
+        _set(conn, MERGING.format(index=item.index), 1)
+    else:
+        _set(conn, INDEXED_UPTO.format(index=item.index), upto)
+    del count
+    return upto, int(inserted or 0), int(size)
+
+
+def run(
+    engine: Engine,
+    *,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    max_lock_ms: float = DEFAULT_MAX_LOCK_MS,
+    duty: float = DEFAULT_DUTY,
+    progress: Callable[[BackfillProgress], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> BackfillProgress:
+    """Fill every pending index in chunks until none is left; safe to interrupt and re-run.
+
+    Each step is one `BEGIN IMMEDIATE` transaction on one index: a chunk of at most
+    `chunk_rows` rows while filling, then a bounded 'merge' of the segments the fill wrote.
+    Step sizes adapt so that each holds the write lock for about 70% of `max_lock_ms`.
+    Between steps the run pauses so that it holds the lock for about `duty` of the time
+    (0.5: as long as it held it), letting other writers in.
+    """
+    if not 0 < duty <= 1:
+        raise ValueError("duty must be in (0, 1]")
+    if chunk_rows < 1 or max_lock_ms <= 0:
+        raise ValueError("chunk_rows and max_lock_ms must be positive")
+    writer = engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+    with engine.connect() as conn:
+        started = {item.index: rows_left(conn, item) for item in pending(conn)}
+    report = BackfillProgress(rows_total=max(started.values(), default=0))
+    # Start small and let _next_size find the byte budget that fits in max_lock_ms.
+    sizes = dict.fromkeys(INDEXES, FIRST_CHUNK_BYTES)
+    pages = dict.fromkeys(INDEXES, MERGE_PAGES)
+    filled = dict.fromkeys(INDEXES, 0)
+    turn = 0
+    with writer.connect() as conn:
+        # Each step is resumable, so losing the last steps to a power cut costs nothing:
+        # NORMAL skips the fsync of every commit (WAL stays consistent either way).
+        conn.connection.driver_connection.execute(  # type: ignore[union-attr]
+            "PRAGMA synchronous=NORMAL"
+        )
+        while True:
+            # One short write transaction per step, one index per step, round robin.
+            t0 = time.perf_counter()
+            with conn.begin():
+                todo = pending(conn)
+                if todo and turn % 2 == 0:
+                    item = todo[(turn // 2) % len(todo)]
+                    if not filled[item.index]:  # no crisis merge inside a chunk, ever
+                        _configure(conn, item.index, "crisismerge", FILL_CRISISMERGE)
+                    _upto, rows, size = _chunk(conn, item, chunk_rows, sizes[item.index])
+                    filled[item.index] += rows
+                    adapt, limits, key = sizes, MAX_CHUNK_BYTES, item.index
+                elif todo:  # merge the segments the fill writes as it goes, in bounded steps
+                    key = todo[(turn // 2) % len(todo)].index
+                    _merge_step(conn, key, pages[key])
+                    adapt, limits = pages, MERGE_PAGES * 64
+                else:
+                    indexes = merging(conn)
+                    if not indexes:
+                        break
+                    key = indexes[turn % len(indexes)]
+                    if _merge_step(conn, key, pages[key]):
+                        _finish_merge(conn, key)
+                    adapt, limits = pages, MERGE_PAGES * 64
+            held = time.perf_counter() - t0
+            turn += 1
+            done = size if adapt is sizes else adapt[key]
+            adapt[key] = _next_size(max(done, 1), held * 1000, max_lock_ms, limits)
+            report.chunks += 1
+            report.lock_seconds += held
+            report.longest_lock = max(report.longest_lock, held)
+            report.rows_done = min((filled[i] for i in started), default=0)
+            if progress is not None:
+                progress(report)
+            pause = held * (1 - duty) / duty
+            if pause > 0:
+                report.paused_seconds += pause
+                sleep(pause)
+    log.info(
+        "backfill done: %d rows in %d chunks, longest lock %.1f ms",
+        report.rows_done,
+        report.chunks,
+        report.longest_lock * 1000,
+    )
+    return report
+
+
+def _merge_step(conn: Connection, index: str, pages: int) -> bool:
+    """Merge up to about `pages` pages of `index`'s segments; True when nothing was left."""
+    before = conn.exec_driver_sql("SELECT total_changes()").scalar_one()
+    conn.exec_driver_sql(f"INSERT INTO {index}({index}, rank) VALUES ('merge', {int(pages)})")
+    after = conn.exec_driver_sql("SELECT total_changes()").scalar_one()
+    return bool(after - before < 2)
+
+
+def _configure(conn: Connection, index: str, option: str, value: int) -> None:
+    """Set one FTS5 configuration option (stored in the index's _config table)."""
+    conn.exec_driver_sql(f"INSERT INTO {index}({index}, rank) VALUES ('{option}', {int(value)})")
+
+
+def _finish_merge(conn: Connection, index: str) -> None:
+    _configure(conn, index, "automerge", DEFAULT_AUTOMERGE)
+    _configure(conn, index, "crisismerge", DEFAULT_CRISISMERGE)
+    conn.execute(
+        text("DELETE FROM state_meta WHERE key = :key"), {"key": MERGING.format(index=index)}
+    )
+
+
+def _next_size(size: int, held_ms: float, max_lock_ms: float, ceiling: int) -> int:
+    """Size the next step so that it holds the lock for about 70% of `max_lock_ms`.
+
+    Proportional to the last step's rate, at most doubling per step so that one fast
+    step (a cache hit) cannot make the next one overshoot by much.
+    """
+    target = 0.7 * max_lock_ms
+    scaled = size * target / max(held_ms, 0.01)
+    return max(1, min(ceiling, int(min(scaled, size * 2))))
