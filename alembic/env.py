@@ -10,7 +10,13 @@ from sqlalchemy import Column, Connection, Engine
 
 from alembic import context
 from hermes_store import migrate
-from hermes_store.engine import BEGIN_OPTION, create_store_engine
+from hermes_store.engine import (
+    BEGIN_OPTION,
+    create_store_engine,
+    db_path,
+    require_writable,
+    sqlite_errors,
+)
 from hermes_store.errors import StoreError
 from hermes_store.models import Base
 
@@ -58,9 +64,14 @@ def _adopts() -> bool:
 
 
 def run_on(connection: Connection) -> None:
-    """Adopt a legacy store if needed, then run the revisions, each in its own transaction."""
+    """Back up and adopt a store if asked / needed, then run each revision in its own transaction.
+
+    ``-x backup=PATH`` (``-x backup_overwrite=true`` to replace an existing file) writes a
+    consistent copy of the store to PATH before adoption or any revision touches it.
+    """
     if _adopts():
         try:
+            migrate.backup_before_revisions(connection, context.get_x_argument(as_dictionary=True))
             migrate.adopt(connection, ScriptDirectory.from_config(config))
         except StoreError as exc:
             raise CommandError(str(exc)) from None
@@ -108,13 +119,18 @@ def run_migrations_online() -> None:
     x_args = context.get_x_argument(as_dictionary=True)
     try:
         url, _state = migrate.prepare(x_args.get("db") or None)
+        if _adopts():
+            require_writable(db_path(url))
         engine = create_store_engine(url, create=_adopts())
     except StoreError as exc:
         raise CommandError(str(exc)) from None
     try:
-        with engine.connect() as conn:
+        # A full disk, a read-only store or a held lock: one line from `alembic`, no traceback.
+        with sqlite_errors(db_path(url)), engine.connect() as conn:
             conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
             run_on(conn)
+    except StoreError as exc:
+        raise CommandError(str(exc)) from None
     finally:
         engine.dispose()
 

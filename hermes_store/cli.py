@@ -9,6 +9,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,9 +21,17 @@ from sqlalchemy.exc import DBAPIError
 
 from hermes_store import backfill, fts, migrate
 from hermes_store import corpus as corpus_mod
-from hermes_store.engine import create_store_engine, db_path, resolve_url
+from hermes_store.engine import (
+    create_store_engine,
+    db_path,
+    require_writable,
+    resolve_url,
+    sqlite_errors,
+    translate_error,
+)
 from hermes_store.errors import StoreError, StoreNotFound
-from hermes_store.maintenance import check_store, store_stats
+from hermes_store.fts import CheckResult
+from hermes_store.maintenance import RepairResult, check_store, repair, store_stats
 from hermes_store.maintenance import optimize as optimize_store
 from hermes_store.search import search_messages
 from hermes_store.storage import GROUPS, StorageReport, human_bytes, storage_report
@@ -72,7 +81,14 @@ def operator_errors() -> Iterator[None]:
         raise click.ClickException(str(exc)) from None
     except CommandError as exc:
         raise click.ClickException(str(exc)) from None
-    except (DBAPIError, sqlite3.Error) as exc:
+    except (DBAPIError, sqlite3.Error, OSError) as exc:
+        translated = translate_error(exc)
+        if translated is not None:
+            raise click.ClickException(str(translated)) from None
+        if isinstance(exc, OSError):
+            raise click.ClickException(
+                f"{exc.strerror or exc}: {exc.filename or ''}".strip()
+            ) from None
         detail = str(getattr(exc, "orig", exc))
         if "locked" in detail or "busy" in detail:
             raise click.ClickException(
@@ -85,8 +101,6 @@ def operator_errors() -> Iterator[None]:
                 "a backup"
             ) from None
         raise click.ClickException(f"SQLite error: {detail}") from None
-    except OSError as exc:
-        raise click.ClickException(f"{exc.strerror or exc}: {exc.filename or ''}".strip()) from None
 
 
 def store_url(db: str | None, *, create_home: bool) -> tuple[str, Path | None]:
@@ -130,6 +144,19 @@ def main() -> None:
       hermes-store demo
     """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    warnings.showwarning = _show_warning
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """A warning is one `Warning: ...` line on stderr, not a source location."""
+    click.echo(f"Warning: {message}", err=True)
 
 
 @main.command()
@@ -146,19 +173,39 @@ def main() -> None:
     help="When an index must be rebuilt, swap the layout at once and leave the fill to "
     "`hermes-store optimize-storage` (large stores; a healthy store still converts in place).",
 )
+@click.option(
+    "--backup",
+    "backup_to",
+    metavar="PATH",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="First write a consistent copy of the store to PATH (SQLite backup API, mode 0600). "
+    "Recommended for large or precious stores.",
+)
+@click.option(
+    "--overwrite-backup", is_flag=True, help="Replace an existing file at the --backup PATH."
+)
 @json_option
 def upgrade(
-    db: str | None, revision: str, rebuild_fts: bool, deferred_fts: bool, as_json: bool
+    db: str | None,
+    revision: str,
+    rebuild_fts: bool,
+    deferred_fts: bool,
+    backup_to: Path | None,
+    overwrite_backup: bool,
+    as_json: bool,
 ) -> None:
     """Upgrade (or create) a store to REVISION, adopting a legacy store first.
 
     The same as `alembic -x db=PATH upgrade head`. A legacy store (schema 17 to 21, never
     under Alembic) is adopted: missing columns and indexes of its version are added, the
     matching revision stamped, then the revisions run, each in its own transaction.
+    With --backup, a consistent copy is taken before anything is changed (not for a new,
+    empty store: there is nothing to copy).
 
     \b
     Example:
-      hermes-store upgrade --db ~/.hermes/state.db
+      hermes-store upgrade --db ~/.hermes/state.db --backup ~/state-before-22.db
     """
     x = {"fts_convert": "rebuild"} if rebuild_fts else {}
     if deferred_fts:
@@ -170,8 +217,14 @@ def upgrade(
             logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
             logging.getLogger("hermes_store").setLevel(logging.INFO)
         started = time.perf_counter()
-        before, after = migrate.upgrade(db, revision, x=x)
+        before, after = migrate.upgrade(
+            db, revision, x=x, backup_to=backup_to, overwrite_backup=overwrite_backup
+        )
         elapsed = time.perf_counter() - started
+    # A new (missing or empty) store has nothing to back up: no file is written then.
+    backup_path = (
+        backup_to.expanduser().absolute() if backup_to is not None and state.kind != "new" else None
+    )
     if as_json:
         _emit(
             {
@@ -179,6 +232,7 @@ def upgrade(
                 "to": after,
                 "legacy_schema": state.legacy_version if state.kind == "legacy" else None,
                 "seconds": round(elapsed, 3),
+                "backup": str(backup_path) if backup_path else None,
             }
         )
         return
@@ -189,6 +243,8 @@ def upgrade(
     else:
         origin = "(new store)"
     click.echo(f"{origin} -> {after} in {elapsed:.2f} s")
+    if backup_path is not None:
+        click.echo(f"backup of the store as it was: {backup_path}")
     with operator_errors():
         engine = open_existing(db)
         with engine.connect() as conn:
@@ -405,10 +461,13 @@ def optimize_storage(
                     click.echo("no deferred index build is pending: nothing to do")
                 return
         bar = _backfill_bar(show)
+        path = db_path(str(engine.url))
+        require_writable(path)
         try:
-            report = backfill.run(
-                engine, chunk_rows=chunk_rows, max_lock_ms=max_lock_ms, duty=duty, progress=bar
-            )
+            with sqlite_errors(path):
+                report = backfill.run(
+                    engine, chunk_rows=chunk_rows, max_lock_ms=max_lock_ms, duty=duty, progress=bar
+                )
         except KeyboardInterrupt:
             click.echo("\ninterrupted: every finished chunk is kept; run again to resume", err=True)
             sys.exit(130)
@@ -454,34 +513,88 @@ def _backfill_bar(show: bool) -> Callable[[backfill.BackfillProgress], None]:
 @main.command()
 @db_option
 @click.option("--quick", is_flag=True, help="PRAGMA quick_check instead of integrity_check.")
+@click.option(
+    "--repair",
+    "repair_",
+    is_flag=True,
+    help="Rebuild every FTS index whose check fails (after a backup), then check again.",
+)
+@click.option(
+    "--backup",
+    "backup_to",
+    metavar="PATH",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --repair: where the backup goes (default <store>.repair-<time>.bak).",
+)
+@click.option(
+    "--deferred",
+    is_flag=True,
+    help="With --repair: empty the broken indexes and refill them in short, resumable "
+    "transactions (large stores; external layout only).",
+)
 @json_option
-def check(db: str | None, quick: bool, as_json: bool) -> None:
+def check(
+    db: str | None,
+    quick: bool,
+    repair_: bool,
+    backup_to: Path | None,
+    deferred: bool,
+    as_json: bool,
+) -> None:
     """Run PRAGMA integrity_check and the FTS5 integrity checks; exit 1 when broken.
+
+    With --repair, an FTS index whose check fails is rebuilt from what it indexes (after
+    a consistent backup of the store), and the checks run again: exit 0 only when they
+    pass. Damage that PRAGMA integrity_check reports is not repaired.
 
     \b
     Example:
       hermes-store check --db state.db
+      hermes-store check --db state.db --repair --backup /safe/state-before-repair.db
     """
+    if (backup_to is not None or deferred) and not repair_:
+        raise click.UsageError("--backup and --deferred only go with --repair")
     with operator_errors():
         engine = open_existing(db)
-        with engine.connect() as conn:
-            result = check_store(conn, quick=quick)
+        if repair_:
+            try:
+                repaired = repair(
+                    engine,
+                    backup_to=backup_to.expanduser().absolute() if backup_to else None,
+                    deferred=deferred,
+                    quick=quick,
+                    progress=_backfill_bar(_interactive() and not as_json),
+                )
+            except KeyboardInterrupt:
+                click.echo(
+                    "\ninterrupted: finished chunks are kept and search stays complete; "
+                    "finish with `hermes-store optimize-storage`"
+                    if deferred
+                    else "\ninterrupted: the rebuild in progress was rolled back; run again",
+                    err=True,
+                )
+                sys.exit(130)
+            result = repaired.after
+        else:
+            with engine.connect() as conn:
+                result = check_store(conn, quick=quick)
     if as_json:
-        _emit(
-            {
-                "ok": result.ok,
-                "checked": result.checked,
-                "problems": result.problems,
-                "skipped": result.skipped,
-            }
-        )
+        payload: dict[str, Any] = {
+            "ok": result.ok,
+            "checked": result.checked,
+            "problems": result.problems,
+            "skipped": result.skipped,
+        }
+        if repair_:
+            payload["repair"] = repaired.as_dict()
+        _emit(payload)
     else:
-        for item in result.checked:
-            # The PRAGMA's problems are filed under "database".
-            problem = result.problems.get("database" if item.startswith("PRAGMA") else item)
-            click.echo(f"{item:<28} {'BROKEN: ' + problem if problem else 'ok'}")
-        for item, reason in result.skipped.items():
-            click.echo(f"{item:<28} not checked: {reason}")
+        if repair_:
+            _print_repair(repaired)
+        _print_check(result)
+    if repair_ and repaired.refused:
+        click.echo(f"not repaired: {repaired.refused}", err=True)
     if not result.ok:
         if not as_json:
             summary = "; ".join(
@@ -489,6 +602,27 @@ def check(db: str | None, quick: bool, as_json: bool) -> None:
             )
             click.echo(f"broken: {summary}", err=True)
         sys.exit(1)
+
+
+def _print_check(result: CheckResult) -> None:
+    for item in result.checked:
+        # The PRAGMA's problems are filed under "database".
+        problem = result.problems.get("database" if item.startswith("PRAGMA") else item)
+        click.echo(f"{item:<28} {'BROKEN: ' + problem if problem else 'ok'}")
+    for item, reason in result.skipped.items():
+        click.echo(f"{item:<28} not checked: {reason}")
+
+
+def _print_repair(repaired: RepairResult) -> None:
+    if not repaired.before.problems:
+        click.echo("nothing to repair: every check passed")
+        return
+    if repaired.backup is not None:
+        click.echo(f"backup of the store before the repair: {repaired.backup}")
+    for index, how in repaired.repaired.items():
+        click.echo(f"{index:<28} repaired: {how}")
+    if repaired.repaired:
+        click.echo("checks after the repair:")
 
 
 def _shorten(text: str, width: int = 160) -> str:

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import sqlite3
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool, StaticPool
 
-from hermes_store.errors import StoreError, StoreNotFound
+from hermes_store.errors import (
+    DiskFull,
+    NotADatabase,
+    StoreBusy,
+    StoreError,
+    StoreNotFound,
+    StoreReadOnly,
+    UnsafePath,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +39,24 @@ ENV_BUSY_TIMEOUT = "HERMES_STORE_BUSY_TIMEOUT_MS"
 #: Execution option naming the BEGIN flavour: "DEFERRED" (default), "IMMEDIATE", "EXCLUSIVE".
 BEGIN_OPTION = "sqlite_begin"
 _BEGIN_MODES = {"DEFERRED", "IMMEDIATE", "EXCLUSIVE"}
+#: Files SQLite keeps next to a store; a symbolic link at any of them is refused.
+SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
+#: The logger of every engine this module builds (SQLAlchemy's SQL echo, off by default).
+SQL_LOGGER = "sqlalchemy.engine.Engine.hermes_store"
+
+
+class _NoResultRows(logging.Filter):
+    """Drop SQLAlchemy's DEBUG records of fetched rows: they would print message text.
+
+    Statements are still logged when SQL logging is turned on, and their parameters are
+    hidden (``hide_parameters=True``), so no log level shows a message's content.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Row ")
+
+
+logging.getLogger(SQL_LOGGER).addFilter(_NoResultRows())
 
 
 class WalUnavailableWarning(UserWarning):
@@ -51,7 +80,14 @@ def to_url(path_or_url: str | os.PathLike[str]) -> str:
         return text
     if text == ":memory:":
         return "sqlite://"
-    database = str(Path(text).expanduser().resolve())
+    given = Path(text).expanduser()
+    if given.is_symlink() and not given.exists():
+        raise UnsafePath(
+            f"{given} is a symbolic link to {os.readlink(given)}, which does not exist; "
+            "refusing to create a store through a dangling link. Point --db at the real file"
+        )
+    # A link to an existing store is followed: SQLite keeps -wal / -shm next to its target.
+    database = str(given.resolve())
     return URL.create("sqlite", database=database).render_as_string(hide_password=False)
 
 
@@ -92,9 +128,129 @@ def db_path(url: str) -> Path | None:
     return Path(database)
 
 
+def side_files(path: Path) -> list[Path]:
+    """The -wal, -shm and -journal paths of a store."""
+    return [path.with_name(path.name + suffix) for suffix in SIDE_SUFFIXES]
+
+
+def check_side_files(path: Path) -> None:
+    """Refuse a store whose -wal / -shm / -journal path is a symbolic link.
+
+    SQLite would refuse to open it with an unhelpful "unable to open database file"
+    (or, in builds without O_NOFOLLOW, write the journal through the link).
+    """
+    for side in side_files(path):
+        if side.is_symlink():
+            raise UnsafePath(
+                f"{side} is a symbolic link (to {os.readlink(side)}); SQLite writes the "
+                f"store's journal there, so hermes-store refuses to open {path.name}. Remove "
+                "the link (nothing of the store is in it) and run the command again"
+            )
+
+
+def writable_problem(path: Path) -> str | None:
+    """Why a store (or the new one at ``path``) cannot be written, or None when it can."""
+    target = path if path.exists() else path.parent
+    if not target.exists():
+        return None
+    try:
+        read_only_fs = bool(os.statvfs(target).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only_fs = False
+    if read_only_fs:
+        return f"{target} is on a read-only file system"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is not writable (read-only, immutable or another user's file)"
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        return (
+            f"its directory {path.parent} is not writable, so SQLite cannot create "
+            f"{path.name}-wal, -shm or -journal next to it"
+        )
+    return None
+
+
+def require_writable(path: Path | None) -> None:
+    """Raise StoreReadOnly, before anything is attempted, when the store cannot be written."""
+    if path is None:
+        return
+    problem = writable_problem(path)
+    if problem is not None:
+        raise StoreReadOnly(
+            f"the store is read-only: {problem}; nothing was changed. Remount or fix the "
+            "permissions, or copy the store to a writable place and run the command there"
+        )
+
+
+def translate_error(exc: BaseException, path: Path | None = None) -> StoreError | None:
+    """The domain error for a driver or OS failure the operator can act on, else None."""
+    where = f"{path}: " if path is not None else ""
+    if isinstance(exc, OSError):
+        if exc.errno == errno.ENOSPC:
+            return DiskFull(
+                f"{where}the disk is full ({exc.filename or exc.strerror}); nothing was "
+                "changed. Free some space and run the command again"
+            )
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return StoreReadOnly(
+                f"{where}cannot write {exc.filename or 'the store'} ({exc.strerror}); "
+                "nothing was changed"
+            )
+        return None
+    detail = str(exc.orig) if isinstance(exc, DBAPIError) else str(exc)
+    lowered = detail.lower()
+    if "disk is full" in lowered or ("disk i/o error" in lowered and _disk_full(path)):
+        return DiskFull(
+            f"{where}the disk is full ({detail}); the step in progress was rolled back and "
+            "the store left as it was. Free space on its file system (an upgrade or optimize "
+            "may need about the store's size) and run the command again"
+        )
+    if "readonly" in lowered or "read-only" in lowered:
+        return StoreReadOnly(
+            f"{where}the store is read-only ({detail}); the step in progress was rolled "
+            "back. Fix the permissions or the mount, or copy the store to a writable place"
+        )
+    if "database is locked" in lowered or "database is busy" in lowered:
+        return StoreBusy(
+            "the store is locked by another process (waited for the busy timeout); the "
+            "step in progress was rolled back. Retry when the agent is idle"
+        )
+    if "unable to open database file" in lowered and path is not None:
+        problem = writable_problem(path)
+        if problem is not None:
+            return StoreReadOnly(
+                f"{where}the store is read-only and SQLite cannot open it: {problem} (a WAL "
+                f"store needs {path.name}-shm even to be read); nothing was changed. Copy the "
+                "store to a writable place to use it"
+            )
+    return None
+
+
+def _disk_full(path: Path | None) -> bool:
+    """Whether the file system of ``path`` has (almost) no space left."""
+    if path is None:
+        return False
+    try:
+        stat = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < 65536
+
+
+@contextlib.contextmanager
+def sqlite_errors(path: Path | None) -> Iterator[None]:
+    """Re-raise a full disk, a read-only store or a held lock as its domain error."""
+    try:
+        yield
+    except (DBAPIError, sqlite3.Error, OSError) as exc:
+        translated = translate_error(exc, path)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
 def tighten_permissions(path: Path) -> None:
     """Make the store and its -wal / -shm / -journal files readable by their owner only."""
-    for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+    for candidate in (path, *side_files(path)):
         # A file we do not own or a read-only mount: the store still works, nothing to do.
         with contextlib.suppress(FileNotFoundError, PermissionError, OSError):
             if (
@@ -120,6 +276,9 @@ def _set_journal_mode(dbapi_connection: sqlite3.Connection, path: Path | None) -
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):
             raise
+        translated = translate_error(exc, path) if "readonly" in str(exc) else None
+        if translated is not None:
+            raise translated from exc
         mode = f"error: {exc}"
     if mode != "wal" and path is not None:
         warnings.warn(
@@ -176,6 +335,9 @@ def create_store_engine(
     resolved = resolve_url(url, create_home=create)
     path = db_path(resolved)
     if path is not None:
+        if path.is_dir():
+            raise NotADatabase(f"{path} is a directory, not a database file; pass the file's path")
+        check_side_files(path)
         if not path.exists():
             if not create:
                 raise StoreNotFound(
@@ -187,6 +349,10 @@ def create_store_engine(
     engine = create_engine(
         resolved,
         echo=echo,
+        # Message text must never reach a log or an exception's text: SQL logging (off by
+        # default) shows statements without their parameters, and no result rows.
+        hide_parameters=True,
+        logging_name="hermes_store",
         # A file store: one connection per checkout, nothing cached between uses. An
         # in-memory store lives as long as its one connection, so that one is kept.
         poolclass=NullPool if path is not None else StaticPool,

@@ -33,3 +33,15 @@ class StoreBusy(StoreError):
 
 class StoreReadOnly(StoreError):
     """The database (or its directory) cannot be written."""
+
+
+class DiskFull(StoreError):
+    """The file system ran out of space (or the store hit its page limit) mid-operation."""
+
+
+class UnsafePath(StoreError):
+    """A symbolic link sits where the store or one of its -wal / -shm / -journal files goes."""
+
+
+class BackupExists(StoreError):
+    """The backup destination already exists and overwriting it was not asked for."""

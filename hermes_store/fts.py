@@ -112,3 +112,35 @@ def rebuild_index(conn: Connection, name: str) -> None:
     """Refill an index from its content (FTS5 'rebuild'), then merge it."""
     conn.exec_driver_sql(f"INSERT INTO {name}({name}) VALUES ('rebuild')")
     optimize_index(conn, name)
+
+
+#: What each message contributes to both indexes (the view's `content`, the triggers' text).
+INDEXED_EXPRESSION = (
+    "COALESCE(content, '') || ' ' || COALESCE(tool_name, '') || ' ' || COALESCE(tool_calls, '')"
+)
+
+
+def reindex_from_messages(conn: Connection, name: str) -> None:
+    """Re-create an inline index empty and fill it from `messages`, then merge it.
+
+    An inline index cannot be emptied reliably once damaged, so its table is dropped and
+    declared again as it was; the triggers on `messages` keep working.
+    """
+    declaration = _declaration(conn, name)
+    if declaration is None:
+        raise ValueError(f"{name} does not exist in this store")
+    conn.exec_driver_sql(f"DROP TABLE {name}")
+    conn.exec_driver_sql(declaration)
+    conn.exec_driver_sql(
+        f"INSERT INTO {name}(rowid, content) SELECT id, {INDEXED_EXPRESSION} FROM messages"
+    )
+    optimize_index(conn, name)
+
+
+def repair_index(conn: Connection, name: str) -> str:
+    """Rebuild a broken index from what it indexes; return how, for the log and the report."""
+    if index_layout(conn, name) == "external":
+        rebuild_index(conn, name)
+        return f"rebuilt from {SOURCE_VIEW}"
+    reindex_from_messages(conn, name)
+    return "re-indexed from messages (inline layout)"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -12,10 +14,22 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from hermes_store import backfill
 from hermes_store.backfill import pending, rows_left
-from hermes_store.engine import db_path
-from hermes_store.errors import StoreBusy, StoreError
-from hermes_store.fts import CheckResult, integrity_check, optimize_index, present_indexes
+from hermes_store.backup import backup_from, default_backup_path
+from hermes_store.engine import BEGIN_OPTION, db_path, require_writable, sqlite_errors
+from hermes_store.errors import StoreBusy, StoreError, StoreReadOnly
+from hermes_store.fts import (
+    INDEXES,
+    CheckResult,
+    index_layout,
+    integrity_check,
+    optimize_index,
+    present_indexes,
+    repair_index,
+)
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 
@@ -112,32 +126,42 @@ def optimize(
     """Merge every FTS index, checkpoint the WAL (TRUNCATE) and VACUUM."""
     say = progress or (lambda _msg: None)
     path = db_path(str(engine.url))
+    require_writable(path)
     before = _on_disk(path)
     if vacuum and path is not None:
         check_vacuum_space(path)
-    with engine.connect() as conn:
-        with conn.begin():
-            names = present_indexes(conn)
-            for name in names:
-                say(f"merging {name}")
-                optimize_index(conn, name)
-    # Checkpoint and VACUUM must run outside any transaction: use the driver directly
-    # (the engine leaves it in autocommit mode; SQLAlchemy would wrap them in BEGIN).
-    raw = engine.raw_connection()
-    try:
-        say("checkpointing the WAL")
-        raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # type: ignore[union-attr]
-        if vacuum:
-            say("vacuuming")
-            raw.driver_connection.execute("VACUUM")  # type: ignore[union-attr]
-            raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # type: ignore[union-attr]
-    finally:
-        raw.close()
+    # Each step is one transaction (VACUUM is one too): a full disk rolls back the step in
+    # progress and leaves the store as the previous step left it.
+    with sqlite_errors(path):
+        with engine.connect() as conn:
+            with conn.begin():
+                names = present_indexes(conn)
+                for name in names:
+                    say(f"merging {name}")
+                    optimize_index(conn, name)
+        # Checkpoint and VACUUM must run outside any transaction: use the driver directly
+        # (the engine leaves it in autocommit mode; SQLAlchemy would wrap them in BEGIN).
+        raw = engine.raw_connection()
+        try:
+            driver = raw.driver_connection
+            assert isinstance(driver, sqlite3.Connection)
+            say("checkpointing the WAL")
+            driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if vacuum:
+                say("vacuuming")
+                driver.execute("VACUUM")
+                driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            raw.close()
     return OptimizeResult(before, _on_disk(path), names, vacuum)
 
 
 def _is_lock_error(message: str) -> bool:
     return "database is locked" in message or "database is busy" in message
+
+
+def _is_read_only_error(message: str) -> bool:
+    return "readonly" in message or "read-only" in message
 
 
 def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
@@ -159,4 +183,110 @@ def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
             f"could not check {', '.join(busy)}: the store is locked by another process "
             "(waited for the busy timeout); retry when the agent is idle"
         )
+    # A read-only store is not a broken one: the FTS5 check needs to write (and roll back).
+    read_only = [name for name, problem in result.problems.items() if _is_read_only_error(problem)]
+    if read_only:
+        raise StoreReadOnly(
+            f"could not check {', '.join(read_only)}: the FTS5 integrity check needs write "
+            "access and the store is read-only (nothing was changed); copy it to a writable "
+            "place and check the copy"
+        )
     return result
+
+
+@dataclass
+class RepairResult:
+    """What `check --repair` found, did, and what the check says afterwards."""
+
+    before: CheckResult
+    after: CheckResult
+    #: Index -> how it was rebuilt.
+    repaired: dict[str, str] = field(default_factory=dict)
+    backup: Path | None = None
+    #: Why nothing was repaired although the check failed, if so.
+    refused: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the final check passes."""
+        return self.after.ok
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "ok": self.ok,
+            "before": asdict(self.before),
+            "after": asdict(self.after),
+            "repaired": self.repaired,
+            "backup": str(self.backup) if self.backup else None,
+            "refused": self.refused,
+        }
+
+
+def repair(
+    engine: Engine,
+    *,
+    backup_to: Path | None = None,
+    deferred: bool = False,
+    quick: bool = False,
+    progress: Callable[[backfill.BackfillProgress], None] | None = None,
+) -> RepairResult:
+    """Check the store; rebuild every FTS index whose check fails; check again.
+
+    Before anything is rebuilt, a consistent backup is written to ``backup_to`` (default
+    ``<store>.repair-<UTC time>.bak`` next to it). Each index is rebuilt from what it
+    indexes: an external-content index with FTS5 'rebuild' from the view, an inline one
+    re-indexed from `messages`, in one write transaction per index. ``deferred=True``
+    (external layout only, for large stores) instead empties the broken indexes in one
+    short transaction and fills them with the resumable backfill. Damage that the
+    database's own integrity_check reports is not repaired: nothing is written then.
+    """
+    path = db_path(str(engine.url))
+    require_writable(path)
+    with engine.connect() as conn:
+        before = check_store(conn, quick=quick)
+    result = RepairResult(before=before, after=before)
+    broken = [name for name in INDEXES if name in before.problems]
+    if "database" in before.problems:
+        result.refused = (
+            "the database itself fails PRAGMA integrity_check; --repair only rebuilds the FTS "
+            "indexes, so nothing was written. Restore a backup (or try sqlite3 `.recover`)"
+        )
+        return result
+    if not broken:
+        return result
+    writer = engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+    with sqlite_errors(path):
+        if path is not None:
+            result.backup = _repair_backup(engine, backup_to or default_backup_path(path, "repair"))
+        with writer.connect() as conn:
+            if deferred:
+                with conn.begin():
+                    for name in broken:
+                        if index_layout(conn, name) != "external":
+                            raise StoreError(
+                                f"{name} uses the inline layout: --deferred needs the "
+                                "external-content layout; run without --deferred, or upgrade"
+                            )
+                        backfill.start(conn, name)
+                        result.repaired[name] = "emptied and refilled by the deferred backfill"
+            else:
+                for name in broken:
+                    with conn.begin():
+                        result.repaired[name] = repair_index(conn, name)
+                    log.info("repair: %s %s", name, result.repaired[name])
+        if deferred:
+            backfill.run(engine, progress=progress)
+        with engine.connect() as conn:
+            result.after = check_store(conn, quick=quick)
+    return result
+
+
+def _repair_backup(engine: Engine, dest: Path) -> Path:
+    raw = engine.raw_connection()
+    try:
+        driver = raw.driver_connection
+        assert isinstance(driver, sqlite3.Connection)
+        return backup_from(driver, dest).path
+    finally:
+        raw.close()

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import functools
 import logging
+import os
 import sqlite3
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -20,13 +21,24 @@ from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.pool import StaticPool
 
 from alembic import command
-from hermes_store.engine import BEGIN_OPTION, create_store_engine, db_path, resolve_url
+from hermes_store.backup import BackupResult, backup, backup_from
+from hermes_store.engine import (
+    BEGIN_OPTION,
+    check_side_files,
+    create_store_engine,
+    db_path,
+    require_writable,
+    resolve_url,
+    sqlite_errors,
+    writable_problem,
+)
 from hermes_store.errors import (
     NotADatabase,
     SchemaTooNew,
     SchemaTooOld,
     StoreError,
     StoreNotFound,
+    StoreReadOnly,
     UnknownSchema,
 )
 
@@ -42,6 +54,9 @@ CORE_COLUMNS = {
     "sessions": {"id", "source", "started_at"},
     "messages": {"id", "session_id", "role", "content", "timestamp"},
 }
+#: ``-x`` arguments that ask env.py for a backup before any revision runs.
+BACKUP_X = "backup"
+BACKUP_OVERWRITE_X = "backup_overwrite"
 #: Objects adoption leaves alone: search is converted by the revisions themselves.
 _NOT_ADOPTED_PREFIXES = ("messages_fts", "sqlite_")
 
@@ -97,6 +112,7 @@ def inspect_file(path: Path | None, script: ScriptDirectory | None = None) -> St
         return StoreState(path=None, kind="new")
     if path.is_dir():
         raise NotADatabase(f"{path} is a directory, not a database file; pass the file's path")
+    check_side_files(path)
     if not path.exists() or path.stat().st_size == 0:
         return StoreState(path=path, kind="new")
     try:
@@ -115,6 +131,13 @@ def inspect_file(path: Path | None, script: ScriptDirectory | None = None) -> St
                 row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
             )
         except sqlite3.DatabaseError as exc:
+            problem = writable_problem(path) if "unable to open" in str(exc) else None
+            if problem is not None:
+                raise StoreReadOnly(
+                    f"{path}: the store is read-only and SQLite cannot open it: {problem} (a "
+                    f"WAL store needs {path.name}-shm even to be read); nothing was changed. "
+                    "Copy the store to a writable place to use it"
+                ) from exc
             raise NotADatabase(f"{path}: SQLite cannot read this file ({exc})") from exc
         if "alembic_version" in tables:
             revision = _alembic_revision(conn)
@@ -294,38 +317,98 @@ def prepare(url: str | None = None) -> tuple[str, StoreState]:
     return resolved, inspect_file(db_path(resolved))
 
 
+def _with_backup(
+    x: Mapping[str, str] | None, backup_to: str | os.PathLike[str] | None, overwrite: bool
+) -> dict[str, str]:
+    """The -x arguments, with the backup request env.py acts on before any revision."""
+    x_args = dict(x or {})
+    if backup_to is not None:
+        x_args[BACKUP_X] = str(Path(backup_to).expanduser().absolute())
+        if overwrite:
+            x_args[BACKUP_OVERWRITE_X] = "true"
+    return x_args
+
+
 def upgrade(
-    url: str | None = None, revision: str = "head", *, x: Mapping[str, str] | None = None
+    url: str | None = None,
+    revision: str = "head",
+    *,
+    x: Mapping[str, str] | None = None,
+    backup_to: str | os.PathLike[str] | None = None,
+    overwrite_backup: bool = False,
 ) -> tuple[str | None, str | None]:
-    """Run ``alembic upgrade`` on a store (adopting a legacy one); return (from, to) revisions."""
+    """Run ``alembic upgrade`` on a store (adopting a legacy one); return (from, to) revisions.
+
+    With ``backup_to`` a consistent copy of the store is written there first (see
+    :func:`hermes_store.backup.backup_from`), before adoption or any revision touches it.
+    A full disk, a read-only store or a lock held past the busy timeout raise DiskFull,
+    StoreReadOnly or StoreBusy; the revision in progress is rolled back whole.
+    """
     resolved, _state = prepare(url)
-    engine = create_store_engine(resolved)
-    try:
-        with engine.connect() as conn:
-            conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-            before = current_revision(conn)
-            command.upgrade(alembic_config(resolved, connection=conn, x=x), revision)
-            return before, current_revision(conn)
-    finally:
-        engine.dispose()
+    path = db_path(resolved)
+    require_writable(path)
+    x_args = _with_backup(x, backup_to, overwrite_backup)
+    with sqlite_errors(path):
+        engine = create_store_engine(resolved)
+        try:
+            with engine.connect() as conn:
+                conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+                before = current_revision(conn)
+                command.upgrade(alembic_config(resolved, connection=conn, x=x_args), revision)
+                return before, current_revision(conn)
+        finally:
+            engine.dispose()
 
 
 def downgrade(
-    url: str | None = None, revision: str = "-1", *, x: Mapping[str, str] | None = None
+    url: str | None = None,
+    revision: str = "-1",
+    *,
+    x: Mapping[str, str] | None = None,
+    backup_to: str | os.PathLike[str] | None = None,
+    overwrite_backup: bool = False,
 ) -> tuple[str | None, str | None]:
     """Run ``alembic downgrade`` on a store; return (from, to) revisions."""
     resolved, state = prepare(url)
     if state.kind == "new":
         raise StoreNotFound(f"{state.path}: nothing to downgrade, the store does not exist")
-    engine = create_store_engine(resolved)
-    try:
-        with engine.connect() as conn:
-            conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-            before = current_revision(conn)
-            command.downgrade(alembic_config(resolved, connection=conn, x=x), revision)
-            return before, current_revision(conn)
-    finally:
-        engine.dispose()
+    path = db_path(resolved)
+    require_writable(path)
+    x_args = _with_backup(x, backup_to, overwrite_backup)
+    with sqlite_errors(path):
+        engine = create_store_engine(resolved)
+        try:
+            with engine.connect() as conn:
+                conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+                before = current_revision(conn)
+                command.downgrade(alembic_config(resolved, connection=conn, x=x_args), revision)
+                return before, current_revision(conn)
+        finally:
+            engine.dispose()
+
+
+def backup_before_revisions(connection: Connection, x_args: Mapping[str, str]) -> None:
+    """Take the backup ``-x backup=PATH`` asks for, on the connection revisions will use.
+
+    A store without any table yet (new or empty) has nothing to back up: no file is
+    written. ``-x backup_overwrite=true`` replaces an existing file at PATH.
+    """
+    dest = x_args.get(BACKUP_X)
+    if not dest:
+        return
+    count = "SELECT count(*) FROM sqlite_master WHERE name != 'sqlite_sequence'"
+    if connection.in_transaction():
+        tables = connection.exec_driver_sql(count).scalar()
+    else:
+        with connection.begin():
+            tables = connection.exec_driver_sql(count).scalar()
+    if not tables:
+        log.info("backup: the store is new, nothing to back up; %s not written", dest)
+        return
+    overwrite = x_args.get(BACKUP_OVERWRITE_X, "").lower() in ("1", "true", "yes")
+    driver = connection.connection.driver_connection
+    assert isinstance(driver, sqlite3.Connection)
+    backup_from(driver, dest, overwrite=overwrite)
 
 
 def current_revision(conn: Connection) -> str | None:
@@ -349,9 +432,12 @@ def env_url(x_args: Mapping[str, str]) -> str:
 
 
 __all__ = [
+    "BackupResult",
     "StoreState",
     "adopt",
     "alembic_config",
+    "backup",
+    "backup_before_revisions",
     "current_revision",
     "downgrade",
     "head_revision",

@@ -6,6 +6,7 @@ import heapq
 import json
 import logging
 import re
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
@@ -14,11 +15,13 @@ from sqlalchemy import (
     ColumnElement,
     Float,
     Integer,
+    LargeBinary,
     Select,
     String,
     and_,
     bindparam,
     column,
+    false,
     func,
     literal_column,
     null,
@@ -290,6 +293,13 @@ def _hits_select(route: _Route, filters: _Filters) -> Select[*tuple[Any, ...]]:
     # legacy application: this path ignores the active/compacted visibility filter.
     conditions = []
     for token in route.like_tokens:
+        if "\x00" in token:
+            # LIKE stops reading its pattern at a NUL: '%ab\x00c%' would match every text
+            # ending in "ab". Compare the whole token instead, ASCII case folded like LIKE.
+            needle = func.lower(bindparam("needle", token, String, unique=True))
+            columns = (_m.c.content, _m.c.tool_name, _m.c.tool_calls)
+            conditions.append(or_(*(func.instr(func.lower(c), needle) > 0 for c in columns)))
+            continue
         pattern = bindparam("like", f"%{_escape_like(token)}%", String, unique=True)
         conditions.append(
             or_(
@@ -390,7 +400,8 @@ def _fetch_hits(
     if route.index is not None and "state_meta" in tables:
         bounds = _pending_range(conn, route.index)
     if bounds is not None:  # fetch the first pages whole, merge, then cut the page
-        limit, offset = limit + offset, 0
+        # A negative LIMIT is SQLite's "no limit" (and a negative OFFSET counts as 0).
+        limit, offset = (-1 if limit < 0 else limit + max(offset, 0)), 0
     statement = _results_select(route, filters, sort, limit, offset)
     try:
         rows = [dict(row) for row in conn.execute(statement).mappings().all()]
@@ -410,13 +421,34 @@ def _fetch_hits(
 
 # -- a deferred backfill in progress --------------------------------------------------------
 # While `optimize-storage` has not yet indexed the ids (indexed_upto, high_water] of an
-# index, those rows are searched here: a LIKE scan over the range picks the rows that
-# contain any term of the query, and a temporary FTS5 table with the same tokenizer holds
-# just those rows to apply the exact MATCH expression and compute the same snippet.
-_TERM = re.compile(r"\w+")
-_FTS_OPERATORS = frozenset({"AND", "OR", "NOT", "NEAR"})
+# index, those rows are searched here: a scan over the range picks the rows that contain
+# the query's terms (any of them, or all of them when the query is a plain conjunction),
+# and a temporary FTS5 table with the same tokenizer holds just those rows to apply the
+# exact MATCH expression and compute the same snippet.
+#
+# The scan must find a superset of what the index would match. FTS5 folds case for every
+# script, unicode61 also removes diacritics ("naive" matches "naïve"), and both see text
+# after a NUL character (multimodal content starts with one), while LIKE folds ASCII only
+# and stops at the first NUL. So LIKE (fast, in C) only decides for rows that are plain
+# ASCII; every other row is tested in Python on text folded at least as far as FTS5 folds
+# it (`_fold`).
+_TERM = re.compile(r"[^\W_]+")  # unicode61 token characters: letters and digits, not "_"
+_QUOTED = re.compile(r'"(?:[^"]|"")*"')
+_FTS_OPERATORS = frozenset({"AND", "OR", "NOT"})  # bare NEAR without "(" is a plain term
 _PENDING_TABLE = "hermes_pending_rows"
+_PENDING_MATCH = "hermes_pending_match"
 _TOKENIZERS = {WORD_INDEX: "", TRIGRAM_INDEX: ", tokenize='trigram'"}
+
+
+def _fold(text: str) -> str:
+    """Case-fold and strip diacritics, at least as coarsely as unicode61 and trigram fold.
+
+    Character by character, so a token found by FTS5 is a substring of the folded text.
+    """
+    if text.isascii():
+        return text.lower()
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(char for char in decomposed if not unicodedata.combining(char)).casefold()
 
 
 def _pending_range(conn: Connection, index: str) -> tuple[int, int] | None:
@@ -434,11 +466,25 @@ def _pending_range(conn: Connection, index: str) -> tuple[int, int] | None:
     return int(rows.get(f"{index}.backfill_indexed_upto") or 0), int(high)
 
 
-def _candidate_terms(route: _Route) -> list[str]:
-    """Substrings one of which every row matching the route's MATCH expression contains."""
+def _candidate_terms(route: _Route) -> tuple[list[str], bool]:
+    """Folded substrings of the rows matching the route, and whether each row has all of them.
+
+    When the MATCH expression has no bare OR / NOT, every term is required; otherwise every
+    matching row contains at least one of the terms.
+    """
     if route.index == TRIGRAM_INDEX:
-        return [token for token in route.like_tokens if token]
-    return [t for t in _TERM.findall(route.match) if t not in _FTS_OPERATORS]
+        terms = [_fold(token) for token in route.like_tokens if token]
+        operators = _QUOTED.sub(" ", route.match).split()
+    else:
+        # Operators are bare words outside quotes; inside a phrase every word is a token.
+        words = _QUOTED.sub(" ", route.match).split()
+        operators = [word for word in words if word in _FTS_OPERATORS]
+        parts = [word for word in words if word not in _FTS_OPERATORS]
+        parts += _QUOTED.findall(route.match)
+        # "_" and the other non-token characters separate unicode61 tokens.
+        terms = [_fold(term) for part in parts for term in _TERM.findall(part)]
+    require_all = not any(word in ("OR", "NOT") for word in operators)
+    return list(dict.fromkeys(t for t in terms if t)), require_all
 
 
 def _pending_hits(
@@ -446,7 +492,7 @@ def _pending_hits(
 ) -> list[dict[str, Any]]:
     """Rows of the not-yet-indexed range that match the route, with rank and snippet."""
     assert route.index is not None
-    terms = _candidate_terms(route)
+    terms, require_all = _candidate_terms(route)
     if not terms:
         return []
     low, high = bounds
@@ -457,21 +503,49 @@ def _pending_hits(
         + " "
         + func.coalesce(_m.c.tool_calls, "")
     )
-    likes = [
-        expression.like(bindparam("term", f"%{_escape_like(t)}%", String, unique=True), "\\")
-        for t in terms
-    ]
+    # LIKE decides for plain ASCII rows (none of them folds to a non-ASCII term); the
+    # others are tested on their folded text, in Python.
+    ascii_terms = [t for t in terms if t.isascii()]
+    by_like: ColumnElement[bool] = false()
+    if ascii_terms and (len(ascii_terms) == len(terms) or not require_all):
+        by_like = (and_ if require_all else or_)(
+            *(
+                expression.like(
+                    bindparam("term", f"%{_escape_like(t)}%", String, unique=True), "\\"
+                )
+                for t in ascii_terms
+            )
+        )
+    raw: Any = getattr(conn.connection, "driver_connection", None)
+    functions = hasattr(raw, "create_function")
+    if functions:
+
+        def folded_match(text: object) -> bool:
+            if not isinstance(text, str) or (text.isascii() and "\0" not in text):
+                return False  # LIKE saw all of it
+            folded = _fold(text)
+            return (all if require_all else any)(term in folded for term in terms)
+
+        raw.create_function(_PENDING_MATCH, 1, folded_match)
+        by_fold: ColumnElement[bool] = getattr(func, _PENDING_MATCH)(expression) == 1
+    else:  # a driver without Python functions: every row LIKE may misjudge is a candidate
+        # Plain ASCII without NUL: as many bytes as characters before the first NUL.
+        by_fold = func.length(expression.cast(LargeBinary)) != func.length(expression)
     candidates = (
         select(_m.c.id, expression)
         .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
         .where(
             _m.c.id > low,
             _m.c.id <= high,
-            or_(*likes),
+            or_(by_like, by_fold),
             *_filter_criteria(filters, visibility=True),
         )
     )
-    rows = conn.execute(candidates).all()
+    try:
+        rows = conn.execute(candidates).all()
+    finally:
+        if functions:
+            raw.create_function(_PENDING_MATCH, 1, None)
     if not rows:
         return []
     pending = table(_PENDING_TABLE, column("rowid", Integer), column("rank", Float))
@@ -523,7 +597,8 @@ def _merge_pending(
             return (row["rank"], 0.0)
 
     merged = list(heapq.merge(rows, sorted(extra, key=key), key=key))
-    return merged[offset : offset + limit]
+    offset = max(offset, 0)  # SQLite's paging: a negative OFFSET is 0, a negative LIMIT none
+    return merged[offset:] if limit < 0 else merged[offset : offset + limit]
 
 
 def _context_text(raw: object) -> str:

@@ -1,0 +1,324 @@
+"""Helpers shared by the fault, reliability and hostile-input tests.
+
+Stores are written with the frozen legacy DDL and the corpus, read back with the stdlib
+`sqlite3` (independent of the code under test), and judged by what a user would notice:
+the schema, the integrity checks and the answers of the indexes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from legacy.build import build_legacy_store
+
+from hermes_store import corpus
+from hermes_store.cli import main
+
+WORD, TRIGRAM = "messages_fts", "messages_fts_trigram"
+INDEXES = (WORD, TRIGRAM)
+#: Terms the probes look up in both indexes (all occur in the corpus).
+PROBE_TERMS = ("error", "docker", "import", "json", "test", "数据库")
+
+
+# --------------------------------------------------------------------------------------
+# Building stores
+# --------------------------------------------------------------------------------------
+
+
+def build_corpus_store(
+    path: Path, messages: int, *, seed: int = 7, max_chars: int | None = 400
+) -> Path:
+    """A long-lived legacy schema-21 store (inline FTS5, never under Alembic) with a corpus.
+
+    ``max_chars`` caps each message's text so that large message counts stay quick to
+    write and copy; the rows keep the corpus's mix of roles, tools, CJK and JSON.
+    """
+    build_legacy_store(path, 21)
+    data = corpus.generate(messages, seed)
+    if max_chars is not None:
+        for message in data.messages:
+            content = message.get("content")
+            if isinstance(content, str) and len(content) > max_chars:
+                message["content"] = content[:max_chars]
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        corpus.populate(conn, data)
+        conn.commit()
+    return path
+
+
+def drift(path: Path) -> None:
+    """Write messages while the FTS triggers are missing: the legacy indexes drift.
+
+    The inline indexes stay consistent with their own copies (their integrity checks
+    pass) but no longer match `messages`, so revision 22 must take the rebuild path.
+    """
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        triggers = conn.execute(
+            "SELECT name, sql FROM sqlite_master "
+            "WHERE type = 'trigger' AND name LIKE 'messages_fts%'"
+        ).fetchall()
+        for name, _sql in triggers:
+            conn.execute(f"DROP TRIGGER {name}")
+        conn.execute("UPDATE messages SET content = content || ' driftword' WHERE id % 97 = 0")
+        conn.execute("DELETE FROM messages WHERE id % 101 = 0")
+        for _name, sql in triggers:
+            conn.execute(sql)
+        conn.commit()
+
+
+def copy_store(source: Path, target: Path) -> Path:
+    """Copy a self-contained store file (no -wal) over ``target`` and remove its sidecars."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            Path(f"{target}{suffix}").unlink()
+    shutil.copyfile(source, target)
+    target.chmod(0o600)
+    return target
+
+
+# --------------------------------------------------------------------------------------
+# Reading stores back (plain sqlite3)
+# --------------------------------------------------------------------------------------
+
+
+def rows(path: Path, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Rows of one statement, read with the stdlib driver."""
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def scalar(path: Path, sql: str, params: Sequence[Any] = ()) -> Any:
+    return rows(path, sql, params)[0][0]
+
+
+def schema(path: Path) -> frozenset[tuple[str, str, str | None]]:
+    """Every schema object as (type, name, sql), rootpages left out."""
+    return frozenset(
+        (kind, name, sql)
+        for kind, name, sql in rows(path, "SELECT type, name, sql FROM sqlite_master")
+        if "alembic_version" not in name
+    )
+
+
+def fts_problems(path: Path) -> dict[str, str]:
+    """PRAGMA integrity_check plus the FTS5 integrity check (rank 1) of each index."""
+    problems: dict[str, str] = {}
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
+        result = [row[0] for row in conn.execute("PRAGMA integrity_check")]
+        if result != ["ok"]:
+            problems["database"] = "; ".join(map(str, result[:5]))
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        for index in INDEXES:
+            if index not in names:
+                continue
+            try:
+                conn.execute(f"INSERT INTO {index}({index}, rank) VALUES ('integrity-check', 1)")
+            except sqlite3.DatabaseError as exc:
+                problems[index] = str(exc)
+    return problems
+
+
+def probe(path: Path) -> dict[str, Any]:
+    """What the indexes answer (ids per term and index) and what the table holds."""
+    answers: dict[str, Any] = {}
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
+        answers["messages"] = conn.execute("SELECT count(*), total(id) FROM messages").fetchone()
+        for index in INDEXES:
+            for term in PROBE_TERMS:
+                if index == WORD and not term.isascii():
+                    continue
+                ids = [
+                    r[0]
+                    for r in conn.execute(
+                        f"SELECT rowid FROM {index} WHERE {index} MATCH ? ORDER BY rowid",
+                        (json.dumps(term),),
+                    )
+                ]
+                answers[f"{index}:{term}"] = hashlib.sha256(repr(ids).encode()).hexdigest()
+    return answers
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A store at one revision: what `whole_revision` compares a store with."""
+
+    schema: frozenset[tuple[str, str, str | None]]
+    answers: dict[str, Any]
+
+
+def snapshot(path: Path) -> Snapshot:
+    return Snapshot(schema(path), probe(path))
+
+
+def whole_revision(path: Path, at_21: Snapshot, at_22: Snapshot) -> int:
+    """Say whether a store is wholly at 21 or wholly at 22 (else fail), every check passing.
+
+    Wholly at a revision: the schema is exactly that revision's (tables, FTS declarations,
+    shadow tables, view, triggers), schema_version and alembic_version agree, both FTS5
+    integrity checks and PRAGMA integrity_check pass, and the indexes answer as that
+    revision's reference store does.
+    """
+    version = scalar(path, "SELECT version FROM schema_version")
+    tables = {name for _, name, _ in schema(path)}
+    revision = (
+        scalar(path, "SELECT version_num FROM alembic_version")
+        if "alembic_version" in {r[0] for r in rows(path, "SELECT name FROM sqlite_master")}
+        else None
+    )
+    assert version in (21, 22), f"schema_version is {version}"
+    expected = at_21 if version == 21 else at_22
+    assert schema(path) == expected.schema, (
+        f"schema_version {version} but the schema is neither 21's nor 22's: "
+        f"extra {sorted(schema(path) - expected.schema)[:3]}, "
+        f"missing {sorted(expected.schema - schema(path))[:3]}"
+    )
+    if version == 21:
+        assert revision in (None, "21")
+        assert {f"{WORD}_content", f"{TRIGRAM}_content"} <= tables
+    else:
+        assert revision == "22"
+        assert not {f"{WORD}_content", f"{TRIGRAM}_content"} & tables
+    assert fts_problems(path) == {}
+    assert probe(path) == expected.answers
+    return int(version)
+
+
+# --------------------------------------------------------------------------------------
+# Processes
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proc:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120) -> Proc:
+    """`python -m hermes_store.cli ...` as a real process."""
+    done = subprocess.run(
+        [sys.executable, "-m", "hermes_store.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+        check=False,
+    )
+    return Proc(done.returncode, done.stdout, done.stderr)
+
+
+def cli(*args: str | Path, env: dict[str, str] | None = None) -> Proc:
+    """The command in this process (click's runner): what a real process would print.
+
+    Anything but click's own exit (an uncaught exception: a traceback for the user) is
+    raised here, so the test fails showing it.
+    """
+    result = CliRunner().invoke(main, [str(a) for a in args], env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Proc(result.exit_code, result.stdout, result.stderr)
+
+
+def assert_clean_failure(proc: Proc, *fragments: str) -> str:
+    """Exit 1 with one `Error: ...` line on stderr that names the problem; no traceback."""
+    assert proc.returncode == 1, proc
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("Error: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def fingerprint(path: Path) -> str:
+    """SHA-256 of a file's bytes: proof that a refused command left it alone."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------
+# File systems (root only: CI runs as root; elsewhere these tests skip and say why)
+# --------------------------------------------------------------------------------------
+
+
+def _root_reason() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "needs Linux mounts"
+    if os.geteuid() != 0:
+        return "needs root to mount a tmpfs (CI runs as root)"
+    return None
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: int) -> Iterator[Path]:
+    """A tmpfs of ``size`` bytes mounted at ``directory`` for the block; skip if impossible."""
+    reason = _root_reason()
+    if reason:
+        pytest.skip(reason)
+    directory.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False, capture_output=True)
+
+
+def remount_read_only(directory: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def immutable(path: Path) -> Iterator[Path]:
+    """`chattr +i`: not even root may write the file (or create files in the directory)."""
+    reason = _root_reason()
+    if reason:
+        pytest.skip(reason.replace("mount a tmpfs", "set the immutable attribute"))
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"chattr +i is not supported here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=False, capture_output=True)
+
+
+def leave_free(directory: Path, free_bytes: int) -> Path:
+    """Fill a file system with one file until about ``free_bytes`` are left."""
+    filler = directory / "filler"
+    with contextlib.suppress(FileNotFoundError):
+        filler.unlink()
+    stat = os.statvfs(directory)
+    available = stat.f_bavail * stat.f_frsize
+    size = max(0, available - free_bytes)
+    with filler.open("wb") as handle:
+        chunk = b"\0" * (1 << 20)
+        while size > 0:
+            handle.write(chunk[: min(size, len(chunk))])
+            size -= min(size, len(chunk))
+    return filler
+
+
+def free_bytes(directory: Path) -> int:
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
