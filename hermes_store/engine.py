@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool, StaticPool
+from sqlalchemy.pool import QueuePool, StaticPool
 
 from hermes_store.errors import (
     DiskFull,
@@ -353,9 +353,12 @@ def create_store_engine(
         # default) shows statements without their parameters, and no result rows.
         hide_parameters=True,
         logging_name="hermes_store",
-        # A file store: one connection per checkout, nothing cached between uses. An
-        # in-memory store lives as long as its one connection, so that one is kept.
-        poolclass=NullPool if path is not None else StaticPool,
+        # A file store keeps a few connections open between uses (the default QueuePool):
+        # each new connection would pay for the PRAGMAs, the schema parse and, when it is
+        # the last one to close, a WAL checkpoint, which outweighs a small write several
+        # times over. `dispose()` (Store.close) closes them. An in-memory store lives as
+        # long as its one connection, so that one is kept.
+        poolclass=QueuePool if path is not None else StaticPool,
         connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False},
     )
     _install_listeners(engine, path, busy_timeout_ms=busy_timeout_ms, wal=wal)
