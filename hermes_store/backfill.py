@@ -12,9 +12,11 @@ are deleted and its triggers behave as usual.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
@@ -32,11 +34,20 @@ DEFAULT_AUTOMERGE = 4
 MERGE_PAGES = 16
 DEFAULT_CRISISMERGE = 16
 FILL_CRISISMERGE = 1000
+#: FTS5's default 'usermerge'; the fill merges 16 segments at a time (FTS5's maximum):
+#: fewer merge levels, so each byte of the index is rewritten fewer times.
+DEFAULT_USERMERGE = 4
+FILL_USERMERGE = 16
 FIRST_CHUNK_BYTES = 32_768
 MAX_CHUNK_BYTES = 1 << 30
 DEFAULT_CHUNK_ROWS = 2000
 DEFAULT_MAX_LOCK_MS = 100.0
 DEFAULT_DUTY = 0.5
+#: Each step is sized to hold the lock for this share of max_lock_ms, so that the slow
+#: ones (denser text, a busy CPU) still stay under it ...
+STEP_TARGET = 0.5
+#: ... and is at most this many times the previous step of its kind.
+STEP_GROWTH = 1.5
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,8 @@ class BackfillProgress:
     lock_seconds: float = 0.0
     longest_lock: float = 0.0
     paused_seconds: float = 0.0
+    #: WAL checkpoints run between steps (they do not hold the write lock).
+    checkpoint_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -170,6 +183,8 @@ def _chunk(conn: Connection, item: Pending, rows: int, budget: int) -> tuple[int
             {"a": HIGH_WATER.format(index=item.index), "b": INDEXED_UPTO.format(index=item.index)},
         )
         _set(conn, MERGING.format(index=item.index), 1)
+        # The final merges go down to FTS5's usual shape (fewer than 4 segments a level).
+        _configure(conn, item.index, "usermerge", DEFAULT_USERMERGE)
     else:
         _set(conn, INDEXED_UPTO.format(index=item.index), upto)
     del count
@@ -188,10 +203,12 @@ def run(
     """Fill every pending index in chunks until none is left; safe to interrupt and re-run.
 
     Each step is one `BEGIN IMMEDIATE` transaction on one index: a chunk of at most
-    `chunk_rows` rows while filling, then a bounded 'merge' of the segments the fill wrote.
-    Step sizes adapt so that each holds the write lock for about 70% of `max_lock_ms`.
-    Between steps the run pauses so that it holds the lock for about `duty` of the time
-    (0.5: as long as it held it), letting other writers in.
+    `chunk_rows` rows while filling, then a bounded 'merge' of the segments the fill wrote
+    (16 at a time), and once every index is filled, bounded merges until no level holds 4
+    segments. Step sizes adapt so that each holds the write lock for about half of
+    `max_lock_ms`, the slowest ones about all of it. Between steps the run checkpoints the
+    WAL (which does not block writers) and pauses so that it holds the lock for about
+    `duty` of the time (0.5: as long as it held it), letting other writers in.
     """
     if not 0 < duty <= 1:
         raise ValueError("duty must be in (0, 1]")
@@ -209,62 +226,89 @@ def run(
     with writer.connect() as conn:
         # Each step is resumable, so losing the last steps to a power cut costs nothing:
         # NORMAL skips the fsync of every commit (WAL stays consistent either way).
-        conn.connection.driver_connection.execute(  # type: ignore[union-attr]
-            "PRAGMA synchronous=NORMAL"
-        )
+        raw: Any = conn.connection.driver_connection
+        raw.execute("PRAGMA synchronous=NORMAL")
+        # SQLite runs the automatic checkpoint inside COMMIT but after the write lock is
+        # released: it would count as lock time here and shrink the steps for nothing. It
+        # runs between the steps instead.
+        raw.execute("PRAGMA wal_autocheckpoint=0")
         while True:
             # One short write transaction per step, one index per step, round robin.
-            t0 = time.perf_counter()
             with conn.begin():
+                t0 = time.perf_counter()  # BEGIN IMMEDIATE returned: the lock is held
                 todo = pending(conn)
                 if todo and turn % 2 == 0:
                     item = todo[(turn // 2) % len(todo)]
                     if not filled[item.index]:  # no crisis merge inside a chunk, ever
                         _configure(conn, item.index, "crisismerge", FILL_CRISISMERGE)
+                        _configure(conn, item.index, "usermerge", FILL_USERMERGE)
                     _upto, rows, size = _chunk(conn, item, chunk_rows, sizes[item.index])
                     filled[item.index] += rows
-                    adapt, limits, key = sizes, MAX_CHUNK_BYTES, item.index
+                    adapt, limits, key, done = sizes, MAX_CHUNK_BYTES, item.index, size
                 elif todo:  # merge the segments the fill writes as it goes, in bounded steps
                     key = todo[(turn // 2) % len(todo)].index
-                    _merge_step(conn, key, pages[key])
+                    done = _merge_step(conn, key, pages[key])
                     adapt, limits = pages, MERGE_PAGES * 64
                 else:
                     indexes = merging(conn)
                     if not indexes:
                         break
                     key = indexes[turn % len(indexes)]
-                    if _merge_step(conn, key, pages[key]):
+                    done = _merge_step(conn, key, pages[key])
+                    if done < 2:
                         _finish_merge(conn, key)
                     adapt, limits = pages, MERGE_PAGES * 64
             held = time.perf_counter() - t0
             turn += 1
-            done = size if adapt is sizes else adapt[key]
-            adapt[key] = _next_size(max(done, 1), held * 1000, max_lock_ms, limits)
+            amount = done if adapt is sizes else adapt[key]
+            resized = _next_size(max(amount, 1), held * 1000, max_lock_ms, limits)
+            if adapt is sizes or done >= adapt[key] or resized < adapt[key]:
+                adapt[key] = resized  # a merge that ran out of work is no reason to grow
             report.chunks += 1
             report.lock_seconds += held
             report.longest_lock = max(report.longest_lock, held)
             report.rows_done = min((filled[i] for i in started), default=0)
             if progress is not None:
                 progress(report)
-            pause = held * (1 - duty) / duty
+            checkpoint = _checkpoint(raw)
+            report.checkpoint_seconds += checkpoint
+            pause = held * (1 - duty) / duty - checkpoint  # writers get in meanwhile
             if pause > 0:
                 report.paused_seconds += pause
                 sleep(pause)
     log.info(
-        "backfill done: %d rows in %d chunks, longest lock %.1f ms",
+        "backfill done: %d rows in %d chunks, longest lock %.1f ms, %.1f s locked, "
+        "%.1f s checkpointing",
         report.rows_done,
         report.chunks,
         report.longest_lock * 1000,
+        report.lock_seconds,
+        report.checkpoint_seconds,
     )
     return report
 
 
-def _merge_step(conn: Connection, index: str, pages: int) -> bool:
-    """Merge up to about `pages` pages of `index`'s segments; True when nothing was left."""
+def _merge_step(conn: Connection, index: str, pages: int) -> int:
+    """Merge about `pages` pages of `index`'s segments; the rows it changed (< 2: no work).
+
+    Only a level holding 'usermerge' segments is merged. (A negative 'merge', which merges
+    every level down to one segment, starts over whenever another writer adds a segment:
+    with the agent writing meanwhile it would never finish.)
+    """
     before = conn.exec_driver_sql("SELECT total_changes()").scalar_one()
     conn.exec_driver_sql(f"INSERT INTO {index}({index}, rank) VALUES ('merge', {int(pages)})")
     after = conn.exec_driver_sql("SELECT total_changes()").scalar_one()
-    return bool(after - before < 2)
+    return int(after - before)
+
+
+def _checkpoint(raw: Any) -> float:
+    """A PASSIVE WAL checkpoint outside any transaction (never waits); its duration."""
+    started = time.perf_counter()
+    try:
+        raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    except sqlite3.OperationalError as exc:  # best effort: the next step tries again
+        log.debug("backfill: checkpoint skipped (%s)", exc)
+    return time.perf_counter() - started
 
 
 def _configure(conn: Connection, index: str, option: str, value: int) -> None:
@@ -275,17 +319,18 @@ def _configure(conn: Connection, index: str, option: str, value: int) -> None:
 def _finish_merge(conn: Connection, index: str) -> None:
     _configure(conn, index, "automerge", DEFAULT_AUTOMERGE)
     _configure(conn, index, "crisismerge", DEFAULT_CRISISMERGE)
+    _configure(conn, index, "usermerge", DEFAULT_USERMERGE)
     conn.execute(
         text("DELETE FROM state_meta WHERE key = :key"), {"key": MERGING.format(index=index)}
     )
 
 
 def _next_size(size: int, held_ms: float, max_lock_ms: float, ceiling: int) -> int:
-    """Size the next step so that it holds the lock for about 70% of `max_lock_ms`.
+    """Size the next step so that it holds the lock for about half of `max_lock_ms`.
 
-    Proportional to the last step's rate, at most doubling per step so that one fast
+    Proportional to the last step's rate, growing at most 1.5x per step so that one fast
     step (a cache hit) cannot make the next one overshoot by much.
     """
-    target = 0.7 * max_lock_ms
+    target = STEP_TARGET * max_lock_ms
     scaled = size * target / max(held_ms, 0.01)
-    return max(1, min(ceiling, int(min(scaled, size * 2))))
+    return max(1, min(ceiling, int(min(scaled, size * STEP_GROWTH))))
