@@ -477,6 +477,7 @@ def optimize_storage(
         "lock_seconds": round(report.lock_seconds, 3),
         "longest_lock_ms": round(report.longest_lock * 1000, 1),
         "paused_seconds": round(report.paused_seconds, 3),
+        "checkpoint_seconds": round(report.checkpoint_seconds, 3),
         "status": "done",
     }
     if as_json:
