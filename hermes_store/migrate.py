@@ -8,7 +8,7 @@ import functools
 import logging
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -348,16 +348,7 @@ def upgrade(
     path = db_path(resolved)
     require_writable(path)
     x_args = _with_backup(x, backup_to, overwrite_backup)
-    with sqlite_errors(path):
-        engine = create_store_engine(resolved)
-        try:
-            with engine.connect() as conn:
-                conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-                before = current_revision(conn)
-                command.upgrade(alembic_config(resolved, connection=conn, x=x_args), revision)
-                return before, current_revision(conn)
-        finally:
-            engine.dispose()
+    return _run(command.upgrade, resolved, path, revision, x_args)
 
 
 def downgrade(
@@ -375,13 +366,24 @@ def downgrade(
     path = db_path(resolved)
     require_writable(path)
     x_args = _with_backup(x, backup_to, overwrite_backup)
+    return _run(command.downgrade, resolved, path, revision, x_args)
+
+
+def _run(
+    alembic_command: Callable[[Config, str], None],
+    resolved: str,
+    path: Path | None,
+    revision: str,
+    x_args: Mapping[str, str],
+) -> tuple[str | None, str | None]:
+    """Run an Alembic command on one connection that takes the write lock at BEGIN."""
     with sqlite_errors(path):
         engine = create_store_engine(resolved)
         try:
             with engine.connect() as conn:
                 conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
                 before = current_revision(conn)
-                command.downgrade(alembic_config(resolved, connection=conn, x=x_args), revision)
+                alembic_command(alembic_config(resolved, connection=conn, x=x_args), revision)
                 return before, current_revision(conn)
         finally:
             engine.dispose()
