@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 from legacy import ddl
 from legacy.build import build_legacy_store
+from migration_support import clone, migration_log
 from parity_queries import PARITY_QUERIES
 from sqlalchemy import Engine, event
 
@@ -34,7 +34,6 @@ from hermes_store.store import NewMessage, Store
 
 CORPUS_MESSAGES = 1200
 CORPUS_SEED = 7
-MIGRATION_LOGGER = "alembic.runtime.migration"
 WORD, TRIGRAM = "messages_fts", "messages_fts_trigram"
 INDEXES = (WORD, TRIGRAM)
 SHADOWS = ("_data", "_idx", "_docsize", "_config")
@@ -51,42 +50,11 @@ CJK_QUERIES = [q for q in QUERIES if re.search(r"[\u3000-\u9fff\uac00-\ud7af]", 
 # --------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def migration_log() -> Iterator[list[str]]:
-    """Collect the INFO+ messages of the revisions' logger."""
-    messages: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    logger = logging.getLogger(MIGRATION_LOGGER)
-    handler = _Collect(level=logging.INFO)
-    previous = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
-
-
 def logged(messages: list[str], name: str) -> str:
     """The one message the revision logged about index `name`."""
     found = [m for m in messages if m.startswith(f"{name}: ")]
     assert len(found) == 1, messages
     return found[0]
-
-
-def clone(source: Path, target: Path) -> Path:
-    """Copy a store with the SQLite backup API."""
-    with (
-        contextlib.closing(sqlite3.connect(source)) as src,
-        contextlib.closing(sqlite3.connect(target)) as dst,
-    ):
-        src.backup(dst)
-    return target
 
 
 def build_store(path: Path, **options: bool) -> Path:

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import re
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from legacy import ddl
 from legacy.build import build_legacy_store
+from migration_support import clone, migration_log
 from parity_queries import PARITY_QUERIES, UNENCODABLE_QUERIES
 
 from hermes_store import corpus, fts, migrate
@@ -30,7 +29,6 @@ from hermes_store.search import search_messages
 
 CORPUS_MESSAGES = 2000
 CORPUS_SEED = 0
-MIGRATION_LOGGER = "alembic.runtime.migration"
 INDEXES = ("messages_fts", "messages_fts_trigram")
 
 
@@ -118,37 +116,6 @@ EXTRA_MESSAGES = [
     ),
     _row("parity-dc", "user", "한국어 테스트 합니다 数据库 服务器 です"),
 ]
-
-
-@contextlib.contextmanager
-def migration_log() -> Iterator[list[str]]:
-    """Collect the INFO messages of the revisions' logger, whatever logging config ran before."""
-    messages: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    logger = logging.getLogger(MIGRATION_LOGGER)
-    handler = _Collect(level=logging.INFO)
-    previous = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
-
-
-def clone(source: Path, target: Path) -> Path:
-    """Copy a store with the SQLite backup API (safe whatever its journal mode)."""
-    with (
-        contextlib.closing(sqlite3.connect(source)) as src,
-        contextlib.closing(sqlite3.connect(target)) as dst,
-    ):
-        src.backup(dst)
-    return target
 
 
 def add_targeted_rows(path: Path) -> None:

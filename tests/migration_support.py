@@ -1,0 +1,43 @@
+"""Helpers shared by the conversion and parity tests: copying stores, reading the revision log."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+#: The logger the revisions write their decisions to (which conversion path ran, and why).
+MIGRATION_LOGGER = "alembic.runtime.migration"
+
+
+@contextlib.contextmanager
+def migration_log() -> Iterator[list[str]]:
+    """Collect the INFO messages of the revisions' logger, whatever logging config ran before."""
+    messages: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger(MIGRATION_LOGGER)
+    handler = _Collect(level=logging.INFO)
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+
+
+def clone(source: Path, target: Path) -> Path:
+    """Copy a store with the SQLite backup API (safe whatever its journal mode)."""
+    with (
+        contextlib.closing(sqlite3.connect(source)) as src,
+        contextlib.closing(sqlite3.connect(target)) as dst,
+    ):
+        src.backup(dst)
+    return target
