@@ -30,6 +30,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from legacy.build import build_legacy_store
+from migration_support import clone
 from sqlalchemy import Connection
 
 from hermes_store import corpus, fts, migrate
@@ -45,16 +46,6 @@ SESSION = "consistency"
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
-
-
-def clone(source: Path, target: Path) -> Path:
-    """Copy a store with the SQLite backup API."""
-    with (
-        contextlib.closing(sqlite3.connect(source)) as src,
-        contextlib.closing(sqlite3.connect(target)) as dst,
-    ):
-        src.backup(dst)
-    return target
 
 
 def rowids(conn: Connection, index: str, phrase: str) -> list[int]:
