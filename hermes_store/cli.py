@@ -90,11 +90,6 @@ def operator_errors() -> Iterator[None]:
                 f"{exc.strerror or exc}: {exc.filename or ''}".strip()
             ) from None
         detail = str(getattr(exc, "orig", exc))
-        if "locked" in detail or "busy" in detail:
-            raise click.ClickException(
-                "the store is locked by another process (waited for the busy timeout); "
-                "retry when the agent is idle"
-            ) from None
         if "not a database" in detail or "malformed" in detail:
             raise click.ClickException(
                 f"SQLite cannot read the store ({detail}); run `hermes-store check` or restore "

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store.engine import translate_error
+
 log = logging.getLogger(__name__)
 
 WORD_INDEX = "messages_fts"
@@ -68,11 +70,18 @@ class CheckResult:
 
 
 def check_index(conn: Connection, name: str) -> str | None:
-    """Run FTS5 'integrity-check' with rank 1 (index versus its content); return the error."""
+    """Run FTS5 'integrity-check' with rank 1 (index versus its content); return the error.
+
+    The check is an INSERT, so it needs write access: a held lock, a read-only store or a
+    full disk says nothing about the index and is raised as its domain error instead.
+    """
     savepoint = conn.begin_nested() if conn.in_transaction() else conn.begin()
     try:
         conn.exec_driver_sql(f"INSERT INTO {name}({name}, rank) VALUES ('integrity-check', 1)")
     except DBAPIError as exc:
+        translated = translate_error(exc)
+        if translated is not None:
+            raise translated from exc
         return str(exc.orig)
     finally:
         savepoint.rollback()

@@ -18,7 +18,7 @@ from hermes_store import backfill
 from hermes_store.backfill import pending, rows_left
 from hermes_store.backup import backup_from, default_backup_path
 from hermes_store.engine import BEGIN_OPTION, db_path, require_writable, sqlite_errors
-from hermes_store.errors import StoreBusy, StoreError, StoreReadOnly
+from hermes_store.errors import StoreError
 from hermes_store.fts import (
     INDEXES,
     CheckResult,
@@ -156,20 +156,12 @@ def optimize(
     return OptimizeResult(before, _on_disk(path), names, vacuum)
 
 
-def _is_lock_error(message: str) -> bool:
-    return "database is locked" in message or "database is busy" in message
-
-
-def _is_read_only_error(message: str) -> bool:
-    return "readonly" in message or "read-only" in message
-
-
 def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
     """`PRAGMA integrity_check` (or quick_check) plus every FTS5 index's integrity check.
 
-    The FTS5 check is an INSERT, so it needs the write lock: when another process held it
-    for longer than the busy timeout, raise StoreBusy instead of reporting the indexes as
-    broken.
+    Indexes a deferred backfill has not filled yet are skipped, with the reason. A lock
+    held past the busy timeout or a read-only store raises StoreBusy / StoreReadOnly
+    (from :func:`fts.check_index`) instead of reporting the indexes as broken.
     """
     skip = {
         item.index: f"deferred backfill pending ({rows_left(conn, item)} rows not indexed yet); "
@@ -177,20 +169,6 @@ def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
         for item in pending(conn)
     }
     result = integrity_check(conn, quick=quick, skip=skip)
-    busy = [name for name, problem in result.problems.items() if _is_lock_error(problem)]
-    if busy:
-        raise StoreBusy(
-            f"could not check {', '.join(busy)}: the store is locked by another process "
-            "(waited for the busy timeout); retry when the agent is idle"
-        )
-    # A read-only store is not a broken one: the FTS5 check needs to write (and roll back).
-    read_only = [name for name, problem in result.problems.items() if _is_read_only_error(problem)]
-    if read_only:
-        raise StoreReadOnly(
-            f"could not check {', '.join(read_only)}: the FTS5 integrity check needs write "
-            "access and the store is read-only (nothing was changed); copy it to a writable "
-            "place and check the copy"
-        )
     return result
 
 
