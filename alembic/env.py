@@ -1,22 +1,17 @@
-"""Run hermes-store revisions: URL resolution, transactional DDL, filters, legacy adoption."""
+"""Run hermes-store revisions: configuration, autogenerate filters, then one library call."""
 
 from __future__ import annotations
 
+import warnings
 from logging.config import fileConfig
+from typing import Any
 
-from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Column, Connection, Engine
+from sqlalchemy import Column, Connection
+from sqlalchemy.exc import SAWarning
 
 from alembic import context
 from hermes_store import migrate
-from hermes_store.engine import (
-    BEGIN_OPTION,
-    create_store_engine,
-    db_path,
-    require_writable,
-    sqlite_errors,
-)
 from hermes_store.errors import StoreError
 from hermes_store.models import Base
 
@@ -39,6 +34,12 @@ EXPRESSION_INDEXES = frozenset(
 )
 
 
+# SQLite cannot reflect them; they are left out of the comparison above, so say nothing.
+warnings.filterwarnings(
+    "ignore", "Skipped unsupported reflection of expression-based index", SAWarning
+)
+
+
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """Keep autogenerate away from the FTS5 tables, their shadow tables and views."""
     if type_ == "table" and name is not None:
@@ -55,27 +56,24 @@ def include_object(
     return include_name(name, type_, None)
 
 
-def _adopts() -> bool:
-    """Adoption stamps unversioned legacy stores, but only when revisions will run."""
+def _target() -> tuple[bool, str | None]:
+    """Whether the command runs revisions, and to which (resolved: 'head' is the head's id,
+    'base' is None)."""
     try:
-        return context.get_revision_argument() is not None
+        target = context.get_revision_argument()
     except KeyError:  # current, check, history...: nothing will run
-        return False
+        return False, None
+    return True, target if target is None or isinstance(target, str) else ",".join(target)
 
 
-def run_on(connection: Connection) -> None:
-    """Back up and adopt a store if asked / needed, then run each revision in its own transaction.
+def run_migrations(connection: Connection, **overrides: Any) -> None:
+    """Run each revision in its own transaction on ``connection`` (DDL included).
 
-    ``-x backup=PATH`` (``-x backup_overwrite=true`` to replace an existing file) writes a
-    consistent copy of the store to PATH before adoption or any revision touches it.
+    ``overrides`` are further `configure` options from the library (the step planner of
+    `-x app_version=N`).
     """
-    if _adopts():
-        try:
-            migrate.backup_before_revisions(connection, context.get_x_argument(as_dictionary=True))
-            migrate.adopt(connection, ScriptDirectory.from_config(config))
-        except StoreError as exc:
-            raise CommandError(str(exc)) from None
     context.configure(
+        **overrides,
         connection=connection,
         target_metadata=target_metadata,
         transactional_ddl=True,
@@ -105,37 +103,18 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
-def run_migrations_online() -> None:
-    """Run on the caller's connection, or open the store the URL resolution picks."""
-    connection = config.attributes.get("connection")
-    if isinstance(connection, Engine):  # pytest-alembic passes its `alembic_engine`
-        with connection.connect() as conn:
-            conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-            run_on(conn)
-        return
-    if connection is not None:
-        run_on(connection)
-        return
-    x_args = context.get_x_argument(as_dictionary=True)
-    try:
-        url, _state = migrate.prepare(x_args.get("db") or None)
-        if _adopts():
-            require_writable(db_path(url))
-        engine = create_store_engine(url, create=_adopts())
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
-    try:
-        # A full disk, a read-only store or a held lock: one line from `alembic`, no traceback.
-        with sqlite_errors(db_path(url)), engine.connect() as conn:
-            conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-            run_on(conn)
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
-    finally:
-        engine.dispose()
-
-
 if context.is_offline_mode():
     run_migrations_offline()
 else:
-    run_migrations_online()
+    # The workflow around the revisions (classify once, back up, adopt) is the library's.
+    runs, destination = _target()
+    try:
+        migrate.run_env(
+            config,
+            run_migrations,
+            x=context.get_x_argument(as_dictionary=True),
+            runs_revisions=runs,
+            destination=destination,
+        )
+    except StoreError as exc:  # one line from `alembic`, no traceback
+        raise CommandError(str(exc)) from None

@@ -156,7 +156,20 @@ def _show_warning(
 
 @main.command()
 @db_option
-@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@click.option(
+    "--app-version",
+    type=int,
+    default=None,
+    metavar="N",
+    help=f"Stop the relational schema at the application's schema N "
+    f"({migrate.FIRST_LEGACY}-{migrate.LAST_LEGACY}; default: the newest), the one the agent "
+    "you run writes. The search layout is converted either way.",
+)
+@click.option(
+    "--revision",
+    default=None,
+    help="Run to this Alembic revision instead (advanced; see `alembic history`).",
+)
 @click.option(
     "--rebuild-fts",
     is_flag=True,
@@ -183,72 +196,85 @@ def _show_warning(
 @json_option
 def upgrade(
     db: str | None,
-    revision: str,
+    app_version: int | None,
+    revision: str | None,
     rebuild_fts: bool,
     deferred_fts: bool,
     backup_to: Path | None,
     overwrite_backup: bool,
     as_json: bool,
 ) -> None:
-    """Upgrade (or create) a store to REVISION, adopting a legacy store first.
+    """Upgrade (or create) a store, adopting a legacy one first.
 
-    The same as `alembic -x db=PATH upgrade head`. A legacy store (schema 17 to 21, never
-    under Alembic) is adopted: missing columns and indexes of its version are added, the
-    matching revision stamped, then the revisions run, each in its own transaction.
+    The same as `alembic -x db=PATH upgrade head`. A store written by the Hermes agent
+    (schema 17 to 30, never under Alembic) is adopted: missing columns and indexes of its
+    version are added and the matching revision stamped. Then the application's schema
+    steps run up to --app-version, and the search indexes move to external content (text
+    stored once); `schema_version` always names the application schema the store has.
     With --backup, a consistent copy is taken before anything is changed (not for a new,
     empty store: there is nothing to copy).
 
     \b
-    Example:
-      hermes-store upgrade --db ~/.hermes/state.db --backup ~/state-before-22.db
+    Examples:
+      hermes-store upgrade --db ~/.hermes/state.db --backup ~/state-before.db
+      hermes-store upgrade --db ~/.hermes/state.db --app-version 21   # agent still at 21
     """
     x = {"fts_convert": "rebuild"} if rebuild_fts else {}
     if deferred_fts:
         x["fts_backfill"] = "deferred"
     with operator_errors():
-        _url, path = store_url(db, create_home=True)
-        state = migrate.inspect_file(path)
+        store_url(db, create_home=True)
         if _interactive() and not as_json:
             logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
             logging.getLogger("hermes_store").setLevel(logging.INFO)
         started = time.perf_counter()
-        before, after = migrate.upgrade(
-            db, revision, x=x, backup_to=backup_to, overwrite_backup=overwrite_backup
+        result = migrate.upgrade(
+            db,
+            revision,
+            app_version=app_version,
+            x=x,
+            backup_to=backup_to,
+            overwrite_backup=overwrite_backup,
         )
         elapsed = time.perf_counter() - started
-    # A new (missing or empty) store has nothing to back up: no file is written then.
-    backup_path = (
-        backup_to.expanduser().absolute() if backup_to is not None and state.kind != "new" else None
-    )
     if as_json:
-        _emit(
-            {
-                "from": before,
-                "to": after,
-                "legacy_schema": state.legacy_version if state.kind == "legacy" else None,
-                "seconds": round(elapsed, 3),
-                "backup": str(backup_path) if backup_path else None,
-            }
-        )
+        _emit({**result.as_dict(), "seconds": round(elapsed, 3)})
         return
-    if before is not None:
-        origin = before
-    elif state.kind == "legacy":
-        origin = f"legacy schema {state.legacy_version} (unversioned)"
+    if result.from_revision is not None:
+        origin = result.from_revision
+    elif result.adopted is not None:
+        origin = f"legacy schema {result.adopted} (unversioned)"
     else:
         origin = "(new store)"
-    click.echo(f"{origin} -> {after} in {elapsed:.2f} s")
-    if backup_path is not None:
-        click.echo(f"backup of the store as it was: {backup_path}")
-    with operator_errors():
-        engine = open_existing(db)
-        with engine.connect() as conn:
-            waiting = backfill_status(conn)
-    for index, status in waiting.items():
+    click.echo(f"{origin} -> {result.to_revision} in {elapsed:.2f} s")
+    click.echo(
+        f"application schema: {result.schema_before or '-'} -> {result.schema_after}; "
+        f"search layout: {result.layout_before} -> {result.layout_after}"
+    )
+    if result.restamped:
         click.echo(
-            f"{index}: {status['rows_left']} rows left to index: run "
-            "`hermes-store optimize-storage`"
+            "this store had been stamped 22 by an earlier hermes-store: its versions now say "
+            "what it has"
         )
+    if result.layout_after == "application":
+        click.echo(
+            "search indexes: the Hermes application's own layout, left as it is "
+            "(hermes-store search refuses it; use the agent's search)"
+        )
+    for item, why in result.healed.items():
+        click.echo(f"repaired {item} ({why})")
+    if result.backup is not None:
+        click.echo(f"backup of the store as it was: {result.backup.path}")
+    if result.pending_backfill:
+        with operator_errors():
+            engine = open_existing(db)
+            with engine.connect() as conn:
+                waiting = backfill_status(conn)
+        for index, status in waiting.items():
+            click.echo(
+                f"{index}: {status['rows_left']} rows left to index: run "
+                "`hermes-store optimize-storage`"
+            )
 
 
 def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
@@ -276,7 +302,7 @@ def _current(engine: Engine) -> dict[str, Any]:
             "head": migrate.head_revision(),
             "fts_layout": fts.layout(conn),
             "fts_indexes": {name: fts.index_layout(conn, name) for name in fts.INDEXES},
-            "backfill": backfill_status(conn) if revision == migrate.head_revision() else {},
+            "backfill": backfill_status(conn) if fts.layout(conn) == "external" else {},
         }
 
 
@@ -284,7 +310,7 @@ def _current(engine: Engine) -> dict[str, Any]:
 @db_option
 @json_option
 def current(db: str | None, as_json: bool) -> None:
-    """Show the store's revision, legacy schema number and search layout.
+    """Show the store's revision(s), application schema version and search layout.
 
     \b
     Example:
@@ -298,7 +324,7 @@ def current(db: str | None, as_json: bool) -> None:
         return
     revision = info["revision"] or "(unversioned legacy store)"
     click.echo(f"revision:      {revision} (head is {info['head']})")
-    click.echo(f"legacy schema: {info['legacy_schema']}")
+    click.echo(f"app schema:    {info['legacy_schema']} (the Hermes application's version)")
     click.echo(f"search layout: {info['fts_layout']}")
     for index, status in info["backfill"].items():
         click.echo(f"backfill:      {index} {status['state']}, {status['rows_left']} rows left")
@@ -706,7 +732,7 @@ DEMO_QUERIES = ("error", "import json", "TODO: fix", "def*", "terminal OR docker
 def demo(n_messages: int, directory: Path | None, seed: int) -> None:
     """Build a realistic legacy store, upgrade it, optimize it and compare search results.
 
-    Generates a schema-21 store in the legacy inline layout (never under Alembic), runs
+    Generates a schema-30 store in the legacy inline layout (never under Alembic), runs
     the real upgrade (adoption, then in-place conversion), `optimize`, and prints the
     storage report before and after and a few searches answered identically.
 
@@ -728,8 +754,8 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
         raise click.ClickException(f"{path} exists; pass another --dir or remove it")
     say(f"generating {n_messages} messages (seed {seed})")
     data = corpus_mod.generate(n_messages, seed)
-    say("writing a legacy schema-21 store (inline FTS5)")
-    migrate.upgrade(str(path), "21")
+    say("writing a legacy schema-30 store (inline FTS5, as the Hermes agent leaves it)")
+    migrate.upgrade(str(path), "30")
     with contextlib.closing(sqlite3.connect(path)) as raw:
         corpus_mod.populate(raw, data)
         # A store the legacy application wrote was never under Alembic.
@@ -742,7 +768,7 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
     click.echo(f"\n== legacy store: {path}\n{render_storage(before)}\n")
     say("upgrading (adopt, then convert in place)")
     started = time.perf_counter()
-    revisions = migrate.upgrade(str(path))
+    upgrade_result = migrate.upgrade(str(path))
     upgraded = time.perf_counter() - started
     say("optimizing (merge, checkpoint, VACUUM)")
     result = optimize_store(engine, progress=say)
@@ -751,7 +777,8 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
         after_hits = {q: search_messages(conn, q, limit=5) for q in DEMO_QUERIES}
     engine.dispose()
     click.echo(
-        f"== upgraded {revisions[0] or '(unversioned)'} -> {revisions[1]} in {upgraded:.2f} s; "
+        f"== upgraded {upgrade_result.from_revision or '(unversioned)'} -> "
+        f"{upgrade_result.to_revision} in {upgraded:.2f} s; "
         f"optimize: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}\n"
         f"{render_storage(after)}\n"
     )

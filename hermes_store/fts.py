@@ -44,9 +44,59 @@ def index_layout(conn: Connection, name: str) -> str:
     return "external" if f"content='{SOURCE_VIEW}'" in compact else "inline"
 
 
+#: This package's record of the search layout in `state_meta` (written by the FTS branch).
+LAYOUT_MARKER = "hermes_store.fts_layout"
+#: The Hermes application's own newer search layout: its view and its layout marker.
+APPLICATION_VIEW = "messages_fts_src"
+APPLICATION_MARKER = "fts_storage_version"
+
+
+def is_application_layout(conn: Connection) -> bool:
+    """True when the Hermes application moved the indexes to its own layout (left alone).
+
+    Recognised as the application itself does: its word index declares a `tool_name`
+    column (every layout of its own; the legacy one and this package's have one column),
+    its view `messages_fts_src` exists, or its `fts_storage_version` marker is set.
+    """
+    word = _declaration(conn, WORD_INDEX)
+    if word is not None and "tool_name" in word.lower():
+        return True
+    names = {
+        str(row[0])
+        for row in conn.execute(
+            text("SELECT name FROM sqlite_master WHERE name IN (:view, 'state_meta')"),
+            {"view": APPLICATION_VIEW},
+        )
+    }
+    if APPLICATION_VIEW in names:
+        return True
+    if "state_meta" not in names:  # a new, empty store
+        return False
+    marker = conn.execute(
+        text("SELECT 1 FROM state_meta WHERE key = :marker"), {"marker": APPLICATION_MARKER}
+    ).first()
+    return marker is not None
+
+
 def layout(conn: Connection) -> str:
-    """The store's search layout, from its word index: 'external', 'inline' or 'none'."""
+    """The store's search layout: 'external', 'inline', 'application' or 'none'.
+
+    'application' is the Hermes application's own external layout (its view
+    `messages_fts_src`), which this package recognises and leaves as it is.
+    """
+    if is_application_layout(conn):
+        return "application"
     return index_layout(conn, WORD_INDEX)
+
+
+def set_layout_marker(conn: Connection, value: str | None) -> None:
+    """Record (or, with None, forget) the layout in `state_meta` under this package's key."""
+    conn.execute(text("DELETE FROM state_meta WHERE key = :key"), {"key": LAYOUT_MARKER})
+    if value is not None:
+        conn.execute(
+            text("INSERT INTO state_meta (key, value) VALUES (:key, :value)"),
+            {"key": LAYOUT_MARKER, "value": value},
+        )
 
 
 def present_indexes(conn: Connection) -> list[str]:

@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import sqlite3
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +16,16 @@ from typing import Any
 
 from alembic.config import Config
 from alembic.operations import Operations
+from alembic.runtime.environment import EnvironmentContext
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 from alembic import command
+from alembic import context as alembic_context
+from hermes_store import backfill, fts
 from hermes_store.backup import BackupResult, backup, backup_from
 from hermes_store.engine import (
     BEGIN_OPTION,
@@ -41,24 +46,37 @@ from hermes_store.errors import (
     StoreReadOnly,
     UnknownSchema,
 )
+from hermes_store.revisions import (
+    APP_VERSIONS,
+    FIRST_APP_VERSION,
+    FTS_EXTERNAL_REVISION,
+    LAST_APP_VERSION,
+    PROJECT_ROOT,
+    fts_head_revision,
+    head_revision,
+    require_script_location,
+    script_directory,
+)
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-SCRIPT_LOCATION = PROJECT_ROOT / "alembic"
-FIRST_LEGACY = 17
-LAST_LEGACY = 21
+FIRST_LEGACY = FIRST_APP_VERSION
+LAST_LEGACY = LAST_APP_VERSION
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: Tables a store must have, with the columns that identify it as a Hermes session store.
 CORE_COLUMNS = {
     "sessions": {"id", "source", "started_at"},
     "messages": {"id", "session_id", "role", "content", "timestamp"},
 }
-#: ``-x`` arguments that ask env.py for a backup before any revision runs.
+#: ``-x`` arguments the bare `alembic` command takes besides ``db``.
 BACKUP_X = "backup"
 BACKUP_OVERWRITE_X = "backup_overwrite"
+APP_VERSION_X = "app_version"
 #: Objects adoption leaves alone: search is converted by the revisions themselves.
 _NOT_ADOPTED_PREFIXES = ("messages_fts", "sqlite_")
+#: The revision id an earlier hermes-store gave its external-content conversion, which
+#: also wrote `schema_version = 22`: the application's 22 is another change.
+_MISSTAMPED_REVISION = "22"
 
 
 @dataclass(frozen=True)
@@ -67,9 +85,19 @@ class StoreState:
 
     path: Path | None
     kind: str  # "new" (missing or empty), "legacy" (no alembic_version) or "alembic"
+    #: The application schema the relational tables really have (`schema_version`, except
+    #: for a store misstamped by an earlier hermes-store, see ``misstamped``).
     legacy_version: int | None = None
-    revision: str | None = None
+    revisions: tuple[str, ...] = ()
     tables: frozenset[str] = field(default_factory=frozenset)
+    #: Upgraded by an earlier hermes-store whose search revision claimed schema 22 and
+    #: revision "22": its relational schema is 21 and its search layout external.
+    misstamped: bool = False
+
+    @property
+    def revision(self) -> str | None:
+        """The Alembic revision(s), comma-separated, or None when unversioned."""
+        return ", ".join(self.revisions) or None
 
 
 def alembic_config(
@@ -78,15 +106,15 @@ def alembic_config(
     connection: Connection | None = None,
     x: Mapping[str, str] | None = None,
 ) -> Config:
-    """An Alembic config for this project's revisions, without reading alembic.ini's URL."""
-    if not (SCRIPT_LOCATION / "env.py").is_file():
-        raise StoreError(
-            f"the Alembic revisions were not found at {SCRIPT_LOCATION}; install hermes-store "
-            "from its source tree (`pip install -e .`)"
-        )
+    """An Alembic config for this project's revisions, without reading alembic.ini's URL.
+
+    ``x`` are the options revisions read with ``context.get_x_argument`` (fts_convert,
+    fts_backfill, hermes_home); the upgrade workflow itself takes no ``-x`` detour.
+    """
+    location = require_script_location()
     ini = PROJECT_ROOT / "alembic.ini"
     cfg = Config(str(ini) if ini.is_file() else None)
-    cfg.set_main_option("script_location", str(SCRIPT_LOCATION))
+    cfg.set_main_option("script_location", str(location))
     x_args = dict(x or {})
     if url is not None:
         x_args["db"] = url
@@ -94,12 +122,8 @@ def alembic_config(
     cfg.attributes["configure_logging"] = False
     if connection is not None:
         cfg.attributes["connection"] = connection
+        cfg.attributes["prepared"] = True
     return cfg
-
-
-def script_directory() -> ScriptDirectory:
-    """The revision scripts of this package."""
-    return ScriptDirectory.from_config(alembic_config())
 
 
 def inspect_file(path: Path | None, script: ScriptDirectory | None = None) -> StoreState:
@@ -140,17 +164,20 @@ def inspect_file(path: Path | None, script: ScriptDirectory | None = None) -> St
                 ) from exc
             raise NotADatabase(f"{path}: SQLite cannot read this file ({exc})") from exc
         if "alembic_version" in tables:
-            revision = _alembic_revision(conn)
+            revisions = _alembic_revisions(conn)
             known = {rev.revision for rev in (script or script_directory()).walk_revisions()}
-            if revision is not None and revision not in known:
+            unknown = [revision for revision in revisions if revision not in known]
+            if unknown:
                 raise SchemaTooNew(
-                    f"{path} is at revision {revision!r}, which this hermes-store does not know: "
-                    "it was written by a newer hermes-store (upgrade the package) or by another "
-                    "application"
+                    f"{path} is at revision {unknown[0]!r}, which this hermes-store does not "
+                    "know: it was written by a newer hermes-store (upgrade the package) or by "
+                    "another application; nothing was changed"
                 )
-            return StoreState(
-                path, "alembic", _legacy_version(conn, path, tables), revision, tables
-            )
+            version = _legacy_version(conn, path, tables)
+            misstamped = _is_misstamped(conn, revisions, version)
+            if misstamped:
+                version = _MISSTAMPED_REAL_VERSION
+            return StoreState(path, "alembic", version, revisions, tables, misstamped)
         if not tables - {"sqlite_sequence"}:
             return StoreState(path=path, kind="new", tables=tables)
         version = _legacy_version(conn, path, tables)
@@ -168,7 +195,8 @@ def inspect_file(path: Path | None, script: ScriptDirectory | None = None) -> St
         if version > LAST_LEGACY:
             raise SchemaTooNew(
                 f"{path} is at legacy schema {version}, newer than {LAST_LEGACY}, the last one "
-                "hermes-store adopts; it was written by a newer Hermes agent. Upgrade hermes-store"
+                "hermes-store adopts; it was written by a newer Hermes agent. Upgrade hermes-store "
+                "(nothing was changed)"
             )
         _check_core_tables(conn, path, version, tables)
         return StoreState(path=path, kind="legacy", legacy_version=version, tables=tables)
@@ -183,9 +211,27 @@ def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
-def _alembic_revision(conn: sqlite3.Connection) -> str | None:
+def _alembic_revisions(conn: sqlite3.Connection) -> tuple[str, ...]:
     rows = conn.execute("SELECT version_num FROM alembic_version").fetchall()
-    return str(rows[0][0]) if rows else None
+    return tuple(sorted(str(row[0]) for row in rows))
+
+
+#: What a misstamped store's relational tables really are.
+_MISSTAMPED_REAL_VERSION = 21
+
+
+def _is_misstamped(conn: Any, revisions: tuple[str, ...], version: int | None) -> bool:
+    """True for a store an earlier hermes-store stamped "22" without the application's 22.
+
+    The application's 22 puts `task` in the key of `session_model_usage`; that earlier
+    revision changed only the search layout. ``conn`` is a sqlite3 or SQLAlchemy connection.
+    """
+    if revisions != (_MISSTAMPED_REVISION,) or version != int(_MISSTAMPED_REVISION):
+        return False
+    pragma = "PRAGMA table_info(session_model_usage)"
+    rows = conn.exec_driver_sql(pragma) if isinstance(conn, Connection) else conn.execute(pragma)
+    key = {row[1] for row in rows if row[5]}
+    return bool(key) and "task" not in key
 
 
 def _legacy_version(conn: sqlite3.Connection, path: Path, tables: frozenset[str]) -> int | None:
@@ -224,12 +270,34 @@ def reference_schema(revision: str) -> dict[str, dict[str, Any]]:
     script = script_directory()
     engine = create_engine("sqlite://", poolclass=StaticPool)
     steps = list(script.iterate_revisions(revision, "base"))
-    with engine.begin() as conn:
+    # Revisions read their -x options from Alembic's environment: give them one (an empty
+    # HERMES_HOME, nothing to backfill) unless `alembic` itself is running this upgrade.
+    with (
+        tempfile.TemporaryDirectory() as home,
+        _environment(alembic_config(x={"hermes_home": home}), script),
+        engine.begin() as conn,
+    ):
         context = MigrationContext.configure(conn)
         with Operations.context(context):
             for step in reversed(steps):
                 step.module.upgrade()
         return _describe(conn)
+
+
+#: sqlite_master types adoption completes on a table, and where `_describe` files them.
+_KINDS = {"index": "indexes", "trigger": "triggers"}
+
+
+def _environment(config: Config, script: ScriptDirectory) -> contextlib.AbstractContextManager[Any]:
+    """An Alembic environment for running revision code, unless one is already active.
+
+    Entering a second one would remove the active one's `alembic.context` on exit.
+    """
+    try:
+        alembic_context.get_x_argument()
+    except (NameError, AttributeError):  # no environment (never was, or ended)
+        return EnvironmentContext(config, script)
+    return contextlib.nullcontext()
 
 
 def _describe(conn: Connection) -> dict[str, dict[str, Any]]:
@@ -240,35 +308,43 @@ def _describe(conn: Connection) -> dict[str, dict[str, Any]]:
     for kind, name, _table, sql in rows:
         if kind == "table" and not name.startswith(_NOT_ADOPTED_PREFIXES):
             columns = {row[1]: row for row in conn.exec_driver_sql(f"PRAGMA table_info('{name}')")}
-            tables[name] = {"sql": sql, "columns": columns, "indexes": {}}
+            tables[name] = {"sql": sql, "columns": columns, "indexes": {}, "triggers": {}}
     for kind, name, table, sql in rows:
-        if kind == "index" and table in tables:
-            tables[table]["indexes"][name] = sql
+        # The search triggers belong to the FTS branch, not to adoption.
+        if kind in _KINDS and table in tables and not name.startswith(_NOT_ADOPTED_PREFIXES):
+            tables[table][_KINDS[kind]][name] = sql
     return tables
 
 
-def adopt(connection: Connection, script: ScriptDirectory) -> str | None:
+def adopt(connection: Connection, version: int | None = None) -> str | None:
     """Bring an unversioned legacy store to the full schema of its version and stamp it.
 
     Returns the stamped revision, or None when the store is new or already versioned.
-    Adds only what is missing (columns, tables, indexes of its version: the legacy
-    "drift set" above all); rewrites no data. Runs in one transaction.
+    Adds only what is missing (columns, tables, indexes of its version: the columns the
+    application adds without a version bump above all); rewrites no data. Runs in the
+    caller's transaction, or in one of its own.
     """
-    with connection.begin():
+    with _transaction(connection):
         tables = {
             row[0]
             for row in connection.execute(text("SELECT name FROM sqlite_master WHERE type='table'"))
         }
         if "alembic_version" in tables or "schema_version" not in tables:
             return None
-        version = int(connection.execute(text("SELECT version FROM schema_version")).scalar_one())
-        if version > LAST_LEGACY:
-            raise SchemaTooNew(f"legacy schema {version} is newer than {LAST_LEGACY}")
-        if version < FIRST_LEGACY:
-            raise SchemaTooOld(f"legacy schema {version} is older than {FIRST_LEGACY}")
-        revision = str(version)
+        # Read again under the write lock: the application may have moved it since.
+        found = int(connection.execute(text("SELECT version FROM schema_version")).scalar_one())
+        if version is not None and found != version:
+            raise StoreError(
+                f"the store moved from schema {version} to {found} while the upgrade started "
+                "(the agent upgraded it); nothing was changed: run the upgrade again"
+            )
+        if found > LAST_LEGACY:
+            raise SchemaTooNew(f"legacy schema {found} is newer than {LAST_LEGACY}")
+        if found < FIRST_LEGACY:
+            raise SchemaTooOld(f"legacy schema {found} is older than {FIRST_LEGACY}")
+        revision = str(found)
         added = _add_missing(connection, reference_schema(revision))
-        MigrationContext.configure(connection).stamp(script, revision)
+        MigrationContext.configure(connection).stamp(script_directory(), revision)
     log.info(
         "adopted legacy store at schema %s%s; stamped revision %s",
         revision,
@@ -278,6 +354,44 @@ def adopt(connection: Connection, script: ScriptDirectory) -> str | None:
     return revision
 
 
+def restamp_misstamped(connection: Connection) -> bool:
+    """Give a store misstamped "22" by an earlier hermes-store the versions it really has.
+
+    Its relational schema is 21 and its search indexes external: `schema_version` goes back
+    to 21, `alembic_version` to revisions 21 and fts1, and the layout marker is recorded.
+    The chain then carries it up like any other store. Returns False when not misstamped.
+    """
+    with _transaction(connection):
+        if not _state_of(connection).misstamped:
+            return False
+        connection.execute(
+            text("UPDATE schema_version SET version = :v"), {"v": _MISSTAMPED_REAL_VERSION}
+        )
+        connection.execute(text("DELETE FROM alembic_version"))
+        connection.execute(
+            text("INSERT INTO alembic_version (version_num) VALUES (:a), (:b)"),
+            {"a": str(_MISSTAMPED_REAL_VERSION), "b": FTS_EXTERNAL_REVISION},
+        )
+        if fts.layout(connection) == "external":
+            fts.set_layout_marker(connection, "external")
+    log.info(
+        "this store was stamped 22 by an earlier hermes-store without the application's "
+        "schema 22: schema_version set back to 21, revisions 21 and %s recorded",
+        FTS_EXTERNAL_REVISION,
+    )
+    return True
+
+
+@contextlib.contextmanager
+def _transaction(connection: Connection) -> Iterator[None]:
+    """Join the caller's transaction, or run in one of its own."""
+    if connection.in_transaction():
+        yield
+    else:
+        with connection.begin():
+            yield
+
+
 def _add_missing(connection: Connection, reference: dict[str, dict[str, Any]]) -> list[str]:
     actual = _describe(connection)
     added: list[str] = []
@@ -285,7 +399,7 @@ def _add_missing(connection: Connection, reference: dict[str, dict[str, Any]]) -
         if table not in actual:
             connection.exec_driver_sql(spec["sql"])
             added.append(f"table {table}")
-            actual_indexes: set[str] = set()
+            actual_indexes: set[str] = set()  # indexes and triggers the table has
         else:
             have = actual[table]["columns"]
             for name, (_, _, col_type, notnull, default, pk) in spec["columns"].items():
@@ -303,11 +417,12 @@ def _add_missing(connection: Connection, reference: dict[str, dict[str, Any]]) -
                     ddl += f" DEFAULT {default}"
                 connection.exec_driver_sql(ddl)
                 added.append(f"{table}.{name}")
-            actual_indexes = set(actual[table]["indexes"])
-        for index, sql in spec["indexes"].items():
-            if index not in actual_indexes:
-                connection.exec_driver_sql(sql)
-                added.append(f"index {index}")
+            actual_indexes = set(actual[table]["indexes"]) | set(actual[table]["triggers"])
+        for kind, group in _KINDS.items():
+            for name, sql in spec[group].items():
+                if name not in actual_indexes:
+                    connection.exec_driver_sql(sql)
+                    added.append(f"{kind} {name}")
     return added
 
 
@@ -317,38 +432,241 @@ def prepare(url: str | None = None) -> tuple[str, StoreState]:
     return resolved, inspect_file(db_path(resolved))
 
 
-def _with_backup(
-    x: Mapping[str, str] | None, backup_to: str | os.PathLike[str] | None, overwrite: bool
-) -> dict[str, str]:
-    """The -x arguments, with the backup request env.py acts on before any revision."""
-    x_args = dict(x or {})
-    if backup_to is not None:
-        x_args[BACKUP_X] = str(Path(backup_to).expanduser().absolute())
-        if overwrite:
-            x_args[BACKUP_OVERWRITE_X] = "true"
-    return x_args
+@dataclass(frozen=True)
+class UpgradeResult:
+    """What one upgrade did: revisions, application schema and search layout before and after."""
+
+    path: Path | None
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    schema_before: int | None
+    schema_after: int | None
+    #: The application version the relational schema was asked to stop at (None: newest).
+    app_version: int | None
+    layout_before: str
+    layout_after: str
+    backup: BackupResult | None = None
+    adopted: str | None = None
+    restamped: bool = False
+    #: Indexes a deferred backfill still has to fill (`hermes-store optimize-storage`).
+    pending_backfill: tuple[str, ...] = ()
+    #: Search objects restored and indexes rebuilt because they were damaged -> why.
+    healed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def from_revision(self) -> str | None:
+        """The revision(s) before, comma-separated; None for an unversioned or new store."""
+        return ", ".join(self.before) or None
+
+    @property
+    def to_revision(self) -> str | None:
+        """The revision(s) after, comma-separated."""
+        return ", ".join(self.after) or None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready form, for `hermes-store upgrade --json`."""
+        return {
+            "from": self.from_revision,
+            "to": self.to_revision,
+            "schema_before": self.schema_before,
+            "schema_after": self.schema_after,
+            "app_version": self.app_version,
+            "layout_before": self.layout_before,
+            "layout_after": self.layout_after,
+            "backup": str(self.backup.path) if self.backup else None,
+            "adopted": self.adopted,
+            "legacy_schema": int(self.adopted) if self.adopted else None,
+            "restamped": self.restamped,
+            "pending_backfill": list(self.pending_backfill),
+            "healed": self.healed,
+        }
+
+
+def parse_app_version(value: object) -> int:
+    """An application schema version this package supports, or a StoreError saying which are."""
+    try:
+        version = int(str(value).strip())
+    except ValueError:
+        version = -1
+    if version not in APP_VERSIONS:
+        raise StoreError(
+            f"--app-version {value}: hermes-store supports the application's schema "
+            f"{FIRST_APP_VERSION} to {LAST_APP_VERSION}; give the version the agent you run "
+            "writes (the `schema_version` it creates)"
+        )
+    return version
+
+
+def _targets(revision: str | None, app_version: int | None) -> list[str]:
+    """The Alembic targets one upgrade runs, in order."""
+    if revision is not None and app_version is not None:
+        raise StoreError("give either a target revision or an application version, not both")
+    if revision is not None:
+        return [revision]
+    # The relational steps first, then the search layout: an upgrade that fails midway
+    # leaves the relational schema at a version the application knows, the layout untouched.
+    if app_version is not None and app_version < LAST_APP_VERSION:
+        # The relational schema stops at the agent's version; the search layout goes on.
+        return [str(app_version), fts_head_revision()]
+    return [str(LAST_APP_VERSION), "head"]
+
+
+def _refuse_going_back(state: StoreState, app_version: int | None) -> None:
+    if app_version is None or state.legacy_version is None:
+        return
+    if state.legacy_version > app_version:
+        raise StoreError(
+            f"{state.path} is at the application's schema {state.legacy_version}, newer than "
+            f"--app-version {app_version}: an upgrade never moves a schema back; nothing was "
+            "changed. Run the agent that matches the store, or downgrade with "
+            f"`alembic downgrade {app_version}`"
+        )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the workflow did before any revision ran."""
+
+    backup: BackupResult | None = None
+    adopted: str | None = None
+    restamped: bool = False
+
+
+def prepare_store(
+    connection: Connection,
+    state: StoreState,
+    *,
+    backup_to: str | os.PathLike[str] | None = None,
+    overwrite_backup: bool = False,
+) -> Prepared:
+    """Back up, then restamp or adopt the store, on the connection the revisions will use.
+
+    The backup is taken first, before anything writes; a new store has nothing to copy.
+    """
+    taken = None
+    if backup_to is not None and state.kind != "new":
+        driver = connection.connection.driver_connection
+        assert isinstance(driver, sqlite3.Connection)
+        taken = backup_from(driver, backup_to, overwrite=overwrite_backup)
+    elif backup_to is not None:
+        log.info("backup: the store is new, nothing to back up; %s not written", backup_to)
+    restamped = adopted = None
+    if state.misstamped:
+        restamped = restamp_misstamped(connection)
+    elif state.kind == "legacy":
+        adopted = adopt(connection, state.legacy_version)
+    return Prepared(taken, adopted, bool(restamped))
+
+
+def _facts(connection: Connection) -> tuple[tuple[str, ...], int | None, str]:
+    """(revisions, schema_version, search layout) of the store, read in one transaction."""
+    with _transaction(connection):
+        heads = tuple(sorted(MigrationContext.configure(connection).get_current_heads()))
+        try:
+            schema = connection.exec_driver_sql("SELECT version FROM schema_version").scalar()
+        except DBAPIError:  # a new store: no table yet
+            schema = None
+        return heads, schema, fts.layout(connection)
 
 
 def upgrade(
     url: str | None = None,
-    revision: str = "head",
+    revision: str | None = None,
     *,
+    app_version: int | None = None,
     x: Mapping[str, str] | None = None,
     backup_to: str | os.PathLike[str] | None = None,
     overwrite_backup: bool = False,
-) -> tuple[str | None, str | None]:
-    """Run ``alembic upgrade`` on a store (adopting a legacy one); return (from, to) revisions.
+) -> UpgradeResult:
+    """Upgrade a store (adopting a legacy one) and say what was done.
 
-    With ``backup_to`` a consistent copy of the store is written there first (see
-    :func:`hermes_store.backup.backup_from`), before adoption or any revision touches it.
+    The relational schema goes to ``app_version`` (default: the newest the package
+    supports) and the search layout to the FTS branch's head; ``revision`` names one
+    Alembic target instead. The file is classified once, read-only, before anything is
+    written; then, on one connection that holds the write lock, the backup (``backup_to``)
+    is taken, the store adopted or restamped, and each revision run in its own transaction.
     A full disk, a read-only store or a lock held past the busy timeout raise DiskFull,
     StoreReadOnly or StoreBusy; the revision in progress is rolled back whole.
     """
-    resolved, _state = prepare(url)
+    x_args = dict(x or {})
+    if app_version is None and x_args.get(APP_VERSION_X):
+        app_version = parse_app_version(x_args.pop(APP_VERSION_X))
+    elif app_version is not None:
+        app_version = parse_app_version(app_version)
+    targets = _targets(revision, app_version)
+    resolved = resolve_url(url)
+    with _writer(resolved, app_version, backup_to, overwrite_backup) as (conn, state, prepared):
+        _, schema_before, layout_before = _facts(conn)
+        cfg = alembic_config(resolved, connection=conn, x=x_args)
+        for target in targets:
+            _settle(conn)
+            command.upgrade(cfg, target)
+        _settle(conn)
+        with _transaction(conn):
+            healed = _heal_search(conn)
+        after, schema_after, layout_after = _facts(conn)
+        with _transaction(conn):
+            pending = tuple(item.index for item in backfill.pending(conn))
+    return UpgradeResult(
+        path=state.path,
+        before=state.revisions,
+        after=after,
+        schema_before=state.legacy_version if state.kind != "new" else schema_before,
+        schema_after=schema_after,
+        app_version=app_version,
+        layout_before=layout_before,
+        layout_after=layout_after,
+        backup=prepared.backup,
+        adopted=prepared.adopted,
+        restamped=prepared.restamped,
+        pending_backfill=pending,
+        healed=healed,
+    )
+
+
+@contextlib.contextmanager
+def _writer(
+    resolved: str,
+    app_version: int | None,
+    backup_to: str | os.PathLike[str] | None,
+    overwrite_backup: bool,
+) -> Iterator[tuple[Connection, StoreState, Prepared]]:
+    """Classify the store once (read-only), then hold one connection that takes the write
+    lock at each BEGIN, with the backup taken and the store adopted or restamped on it."""
     path = db_path(resolved)
+    state = inspect_file(path)
+    _refuse_going_back(state, app_version)
     require_writable(path)
-    x_args = _with_backup(x, backup_to, overwrite_backup)
-    return _run(command.upgrade, resolved, path, revision, x_args)
+    engine = create_store_engine(resolved)
+    try:
+        with sqlite_errors(path), engine.connect() as conn:
+            conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+            prepared = prepare_store(
+                conn, state, backup_to=backup_to, overwrite_backup=overwrite_backup
+            )
+            yield conn, state, prepared
+    finally:
+        engine.dispose()
+
+
+def _heal_search(conn: Connection) -> dict[str, str]:
+    """Restore a damaged search mechanism (see `hermes-store check`); what was done.
+
+    An upgrade at head runs no revision, so this is what repairs, on the next deploy, a
+    store whose triggers the Hermes application's FTS recovery replaced: the triggers, view
+    and declarations come back from the FTS branch's newest revision and the indexes they
+    fed are rebuilt exactly from the view. Costs one schema read when nothing is wrong.
+    """
+    if not fts.check_mechanism(conn).problems:
+        return {}
+    waiting = {item.index for item in backfill.pending(conn)}
+    restored = fts.restore_mechanism(conn, exclude=waiting)
+    for index in restored.to_refill:
+        backfill.start(conn, index)
+    healed = dict(restored.restored)
+    healed.update({index: f"index {how}" for index, how in restored.rebuilt.items()})
+    log.warning("search mechanism restored: %s", ", ".join(sorted(healed)))
+    return healed
 
 
 def downgrade(
@@ -360,90 +678,134 @@ def downgrade(
     overwrite_backup: bool = False,
 ) -> tuple[str | None, str | None]:
     """Run ``alembic downgrade`` on a store; return (from, to) revisions."""
-    resolved, state = prepare(url)
-    if state.kind == "new":
-        raise StoreNotFound(f"{state.path}: nothing to downgrade, the store does not exist")
+    resolved = resolve_url(url)
+    if inspect_file(db_path(resolved)).kind == "new":
+        raise StoreNotFound(f"{db_path(resolved)}: nothing to downgrade, the store does not exist")
+    with _writer(resolved, None, backup_to, overwrite_backup) as (conn, _, _):
+        before = current_revision(conn)
+        command.downgrade(alembic_config(resolved, connection=conn, x=x), revision)
+        _settle(conn)
+        return before, current_revision(conn)
+
+
+def run_env(
+    config: Config,
+    run: Callable[..., None],
+    *,
+    x: Mapping[str, str],
+    runs_revisions: bool,
+    destination: str | None,
+) -> None:
+    """What env.py does online: find the connection, prepare the store once, run ``run``.
+
+    ``runs_revisions`` is False for commands that run none (current, check, history);
+    ``destination`` is the revision they run to (the head's id for 'head', None for
+    'base'). Called with a connection that the library already prepared
+    (``config.attributes["prepared"]``), it only runs.
+    """
+    connection = config.attributes.get("connection")
+    if isinstance(connection, Engine):  # pytest-alembic passes its `alembic_engine`
+        with connection.connect() as conn:
+            conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+            run(conn)
+        return
+    if connection is not None:
+        if runs_revisions and not config.attributes.get("prepared"):
+            prepare_store(connection, _state_of(connection))
+        run(connection)
+        return
+    resolved = resolve_url(x.get("db") or None, create_home=runs_revisions)
     path = db_path(resolved)
-    require_writable(path)
-    x_args = _with_backup(x, backup_to, overwrite_backup)
-    return _run(command.downgrade, resolved, path, revision, x_args)
-
-
-def _run(
-    alembic_command: Callable[[Config, str], None],
-    resolved: str,
-    path: Path | None,
-    revision: str,
-    x_args: Mapping[str, str],
-) -> tuple[str | None, str | None]:
-    """Run an Alembic command on one connection that takes the write lock at BEGIN."""
-    with sqlite_errors(path):
-        engine = create_store_engine(resolved)
+    if not runs_revisions:  # reading: never create or adopt anything
+        engine = create_store_engine(resolved, create=False)
         try:
-            with engine.connect() as conn:
-                conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-                before = current_revision(conn)
-                alembic_command(alembic_config(resolved, connection=conn, x=x_args), revision)
-                return before, current_revision(conn)
+            with sqlite_errors(path), engine.connect() as conn:
+                run(conn)
         finally:
             engine.dispose()
+        return
+    app_version = parse_app_version(x[APP_VERSION_X]) if x.get(APP_VERSION_X) else None
+    if app_version is not None and destination != head_revision():
+        raise StoreError(
+            f"-x {APP_VERSION_X}=N says where to stop: run `alembic -x {APP_VERSION_X}=N "
+            "upgrade head`, not another target"
+        )
+    overrides: dict[str, Any] = {}
+    if app_version is not None and app_version < LAST_APP_VERSION:
+        # Alembic's own step planner (what `alembic upgrade` uses), over both targets.
+        targets = tuple(_targets(None, app_version))
+        # It resolves a tuple of revisions as several targets; its annotation says str.
+        overrides["fn"] = lambda rev, _context: script_directory()._upgrade_revs(
+            targets,  # type: ignore[arg-type]
+            rev,
+        )
+    overwrite = x.get(BACKUP_OVERWRITE_X, "").lower() in ("1", "true", "yes")
+    with _writer(resolved, app_version, x.get(BACKUP_X) or None, overwrite) as (conn, _, _):
+        run(conn, **overrides)
 
 
-def backup_before_revisions(connection: Connection, x_args: Mapping[str, str]) -> None:
-    """Take the backup ``-x backup=PATH`` asks for, on the connection revisions will use.
+def _state_of(connection: Connection) -> StoreState:
+    """Classify the store behind a caller's connection (tests, pytest-alembic)."""
+    with _transaction(connection):
+        tables = frozenset(
+            str(row[0])
+            for row in connection.execute(text("SELECT name FROM sqlite_master WHERE type='table'"))
+        )
+        if "alembic_version" in tables:
+            rows = connection.execute(text("SELECT version_num FROM alembic_version"))
+            revisions = tuple(sorted(str(row[0]) for row in rows))
+            version = connection.execute(text("SELECT version FROM schema_version")).scalar()
+            if _is_misstamped(connection, revisions, version):
+                return StoreState(
+                    None, "alembic", _MISSTAMPED_REAL_VERSION, revisions, tables, misstamped=True
+                )
+            return StoreState(None, "alembic", version, revisions, tables)
+        if "schema_version" in tables:
+            version = connection.execute(text("SELECT version FROM schema_version")).scalar()
+            return StoreState(None, "legacy", version, (), tables)
+        return StoreState(None, "new", tables=tables)
 
-    A store without any table yet (new or empty) has nothing to back up: no file is
-    written. ``-x backup_overwrite=true`` replaces an existing file at PATH.
+
+def _settle(conn: Connection) -> None:
+    """End the read transaction Alembic's version lookup may leave open on ``conn``.
+
+    Each revision commits its own transaction; a transaction still open between commands
+    holds only reads (or, after a no-op target, would swallow the next command's revisions
+    into it), so it is committed.
     """
-    dest = x_args.get(BACKUP_X)
-    if not dest:
-        return
-    count = "SELECT count(*) FROM sqlite_master WHERE name != 'sqlite_sequence'"
-    if connection.in_transaction():
-        tables = connection.exec_driver_sql(count).scalar()
-    else:
-        with connection.begin():
-            tables = connection.exec_driver_sql(count).scalar()
-    if not tables:
-        log.info("backup: the store is new, nothing to back up; %s not written", dest)
-        return
-    overwrite = x_args.get(BACKUP_OVERWRITE_X, "").lower() in ("1", "true", "yes")
-    driver = connection.connection.driver_connection
-    assert isinstance(driver, sqlite3.Connection)
-    backup_from(driver, dest, overwrite=overwrite)
+    if conn.in_transaction():
+        conn.commit()
 
 
 def current_revision(conn: Connection) -> str | None:
-    """The Alembic revision a connection's store is at (None when unversioned)."""
-    with contextlib.ExitStack() as stack:
-        if not conn.in_transaction():
-            stack.enter_context(conn.begin())
-        return MigrationContext.configure(conn).get_current_revision()
-
-
-def head_revision() -> str:
-    """The newest revision this package knows."""
-    head = script_directory().get_current_head()
-    assert head is not None
-    return head
+    """The Alembic revision(s) a connection's store is at, comma-separated (None: unversioned)."""
+    with _transaction(conn):
+        heads = MigrationContext.configure(conn).get_current_heads()
+    return ", ".join(sorted(heads)) or None
 
 
 def env_url(x_args: Mapping[str, str]) -> str:
     """The URL env.py uses: ``-x db=...``, else $HERMES_STORE_URL, else the legacy default."""
-    return resolve_url(x_args.get("db") or None)
+    return resolve_url(x_args.get("db") or None, create_home=False)
 
 
 __all__ = [
     "BackupResult",
+    "Prepared",
     "StoreState",
+    "UpgradeResult",
     "adopt",
     "alembic_config",
     "backup",
-    "backup_before_revisions",
     "current_revision",
     "downgrade",
     "head_revision",
     "inspect_file",
+    "parse_app_version",
     "prepare",
+    "prepare_store",
+    "restamp_misstamped",
+    "run_env",
+    "script_directory",
     "upgrade",
 ]

@@ -1,10 +1,13 @@
-"""The schema at head as SQLAlchemy sees it (FTS5 tables and the view are raw DDL in revisions)."""
+"""The schema at head (application schema 30) as SQLAlchemy sees it.
+
+FTS5 tables, the view and the triggers are raw DDL in the revisions."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 from sqlalchemy import (
+    BLOB,
     INTEGER,
     REAL,
     TEXT,
@@ -14,6 +17,8 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     desc,
+    func,
+    literal_column,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -85,6 +90,32 @@ class AgentSession(Base):
         INTEGER, nullable=False, server_default=ZERO, default=0
     )
     archived: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO, default=0)
+    # Application schema 24 (columns it declared between 21 and 28).
+    git_metadata_generation: Mapped[int] = mapped_column(
+        INTEGER, nullable=False, server_default=ZERO, default=0
+    )
+    title_source: Mapped[Optional[str]] = mapped_column(TEXT)
+    last_activity_at: Mapped[Optional[float]] = mapped_column(REAL)
+    last_activity_description: Mapped[Optional[str]] = mapped_column(TEXT)
+    last_activity_provenance: Mapped[Optional[str]] = mapped_column(TEXT)
+    compression_ineffective_count: Mapped[int] = mapped_column(
+        INTEGER, nullable=False, server_default=ZERO, default=0
+    )
+    compression_recovery_deadline: Mapped[Optional[float]] = mapped_column(REAL)
+    profile_name: Mapped[Optional[str]] = mapped_column(TEXT)
+    pinned: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO, default=0)
+    hidden: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO, default=0)
+    last_read_at: Mapped[Optional[float]] = mapped_column(REAL)
+    tool_names: Mapped[Optional[str]] = mapped_column(TEXT)
+    # Application schema 25: the prompt text lives in system_prompts (no foreign key, as
+    # the application's reconciler adds the column).
+    system_prompt_hash: Mapped[Optional[str]] = mapped_column(TEXT)
+    # Application schema 30.
+    created_source: Mapped[Optional[str]] = mapped_column(TEXT)
+    compression_overload_streak: Mapped[int] = mapped_column(
+        INTEGER, nullable=False, server_default=ZERO, default=0
+    )
+    transport_profile: Mapped[Optional[str]] = mapped_column(TEXT)
 
     messages: Mapped[list[Message]] = relationship(
         back_populates="session",
@@ -112,6 +143,13 @@ class AgentSession(Base):
             desc("started_at"),
         ),
         Index("idx_sessions_handoff_state", "handoff_state", "started_at"),
+        Index("idx_sessions_system_prompt_hash", "system_prompt_hash"),
+        Index("idx_sessions_tool_names", "tool_names"),
+        Index(
+            "idx_sessions_effective_activity",
+            desc(func.coalesce(literal_column("last_activity_at"), literal_column("started_at"))),
+            desc("started_at"),
+        ),
         Index(
             "idx_sessions_title_unique",
             "title",
@@ -140,6 +178,35 @@ class Message(Base):
             "platform_message_id",
             sqlite_where=text("platform_message_id IS NOT NULL"),
         ),
+        Index("idx_messages_session_id", "session_id", "id"),
+        Index(
+            "idx_messages_assistant_calls_by_session",
+            "session_id",
+            sqlite_where=text("role = 'assistant' AND tool_calls IS NOT NULL"),
+        ),
+        Index(
+            "idx_messages_display_page",
+            "session_id",
+            "display_order",
+            desc("active"),
+            desc("id"),
+            sqlite_where=text("active = 1 OR compacted = 1"),
+        ),
+        Index(
+            "idx_messages_display_backfill",
+            "session_id",
+            sqlite_where=text(
+                "(display_order IS NULL OR display_identity IS NULL)"
+                " AND (active = 1 OR compacted = 1)"
+            ),
+        ),
+        Index(
+            "idx_messages_display_identity",
+            "session_id",
+            "display_identity",
+            "display_order",
+            sqlite_where=text("display_identity IS NOT NULL AND (active = 1 OR compacted = 1)"),
+        ),
         {"sqlite_autoincrement": True},
     )
 
@@ -165,6 +232,16 @@ class Message(Base):
         INTEGER, nullable=False, server_default=text("1"), default=1
     )
     compacted: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO, default=0)
+    # Application schema 24.
+    _compressed_summary: Mapped[int] = mapped_column(
+        "_compressed_summary", INTEGER, nullable=False, server_default=ZERO, default=0
+    )
+    api_content: Mapped[Optional[str]] = mapped_column(TEXT)
+    display_kind: Mapped[Optional[str]] = mapped_column(TEXT)
+    display_metadata: Mapped[Optional[str]] = mapped_column(TEXT)
+    # Application schema 30 (kept by the messages_display_* triggers).
+    display_identity: Mapped[Optional[bytes]] = mapped_column(BLOB)
+    display_order: Mapped[Optional[int]] = mapped_column(INTEGER)
 
     session: Mapped[AgentSession] = relationship(back_populates="messages")
 
@@ -220,7 +297,7 @@ class SessionModelUsage(Base):
     __tablename__ = "session_model_usage"
     __table_args__ = (
         PrimaryKeyConstraint(
-            "session_id", "model", "billing_provider", "billing_base_url", "billing_mode"
+            "session_id", "model", "billing_provider", "billing_base_url", "billing_mode", "task"
         ),
         Index("idx_session_model_usage_session", "session_id"),
         Index("idx_session_model_usage_model", "model"),
@@ -233,6 +310,8 @@ class SessionModelUsage(Base):
     billing_provider: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY)
     billing_base_url: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY)
     billing_mode: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY)
+    #: Application schema 22: usage is counted per task ('' is the main agent loop).
+    task: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY, default="")
     api_call_count: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
     input_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
     output_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
@@ -276,12 +355,85 @@ class AsyncDelegation(Base):
     task_json: Mapped[Optional[str]] = mapped_column(TEXT)
     delivery_claim: Mapped[Optional[str]] = mapped_column(TEXT)
     delivery_claimed_at: Mapped[Optional[float]] = mapped_column(REAL)
+    origin_session_id: Mapped[str] = mapped_column(
+        TEXT, nullable=False, server_default=EMPTY, default=""
+    )
 
     def __repr__(self) -> str:
         return f"AsyncDelegation(delegation_id={self.delegation_id!r}, state={self.state!r})"
 
 
-#: The legacy application's schema number: exactly one row, kept equal to the revision.
+class SystemPrompt(Base):
+    """One distinct system prompt, keyed by the SHA-256 of its text (`system_prompts`, 25)."""
+
+    __tablename__ = "system_prompts"
+
+    hash: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    prompt: Mapped[str] = mapped_column(TEXT, nullable=False)
+
+    def __repr__(self) -> str:
+        return f"SystemPrompt(hash={self.hash!r})"
+
+
+class GatewayHygieneState(Base):
+    """Consecutive failures of one gateway conversation key (`gateway_hygiene_state`, 24)."""
+
+    __tablename__ = "gateway_hygiene_state"
+
+    session_key: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    failure_streak: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
+
+    def __repr__(self) -> str:
+        return f"GatewayHygieneState(session_key={self.session_key!r})"
+
+
+class ConversationGeneration(Base):
+    """The generation counter of one conversation key (`conversation_generations`, 24)."""
+
+    __tablename__ = "conversation_generations"
+    __table_args__ = (PrimaryKeyConstraint("source", "session_key"),)
+
+    source: Mapped[str] = mapped_column(TEXT, nullable=False)
+    session_key: Mapped[str] = mapped_column(TEXT, nullable=False)
+    generation: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
+
+    def __repr__(self) -> str:
+        return f"ConversationGeneration(source={self.source!r}, session_key={self.session_key!r})"
+
+
+class GatewayHeartbeat(Base):
+    """The liveness record of one gateway backend (`gateway_heartbeats`, 24)."""
+
+    __tablename__ = "gateway_heartbeats"
+
+    backend_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    pid: Mapped[int] = mapped_column(INTEGER, nullable=False)
+    started_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    last_heartbeat: Mapped[float] = mapped_column(REAL, nullable=False)
+    profile: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY)
+    host: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY)
+
+    def __repr__(self) -> str:
+        return f"GatewayHeartbeat(backend_id={self.backend_id!r}, pid={self.pid!r})"
+
+
+class SessionTurnLease(Base):
+    """A lease on one conversation's turn (`session_turn_leases`, 24)."""
+
+    __tablename__ = "session_turn_leases"
+    __table_args__ = (Index("idx_session_turn_leases_expires", "expires_at"),)
+
+    conversation_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
+    holder: Mapped[str] = mapped_column(TEXT, nullable=False)
+    acquired_at: Mapped[float] = mapped_column(REAL, nullable=False)
+    expires_at: Mapped[float] = mapped_column(REAL, nullable=False)
+
+    def __repr__(self) -> str:
+        return f"SessionTurnLease(conversation_id={self.conversation_id!r})"
+
+
+#: The application's schema number: exactly one row, equal to the application version
+#: whose relational schema the store has (the search-layout revisions never change it).
 #: Declared, not mapped: the legacy table has no primary key.
 schema_version = Table(
     "schema_version",

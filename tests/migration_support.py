@@ -41,3 +41,14 @@ def clone(source: Path, target: Path) -> Path:
     ):
         src.backup(dst)
     return target
+
+
+def back_to_inline_21(path: Path) -> None:
+    """Downgrade a store at head to schema 21 with the legacy inline search layout.
+
+    The relational chain goes back to 21, then the search branch's revision is undone.
+    """
+    from hermes_store import migrate
+
+    migrate.downgrade(str(path), "21")
+    migrate.downgrade(str(path), "fts@-1")

@@ -163,37 +163,39 @@ def snapshot(path: Path) -> Snapshot:
     return Snapshot(schema(path), probe(path))
 
 
-def whole_revision(path: Path, at_21: Snapshot, at_22: Snapshot) -> int:
-    """Say whether a store is wholly at 21 or wholly at 22 (else fail), every check passing.
+def whole_revision(path: Path, at_21: Snapshot, at_22: Snapshot) -> str:
+    """Say whether a schema-21 store is wholly inline or wholly converted (else fail).
 
-    Wholly at a revision: the schema is exactly that revision's (tables, FTS declarations,
-    shadow tables, view, triggers), schema_version and alembic_version agree, both FTS5
-    integrity checks and PRAGMA integrity_check pass, and the indexes answer as that
-    revision's reference store does.
+    'inline': unversioned or at revision 21, the legacy layout; 'external': at revisions 21
+    and fts1, the converted layout (the search branch never changes schema_version, which
+    stays 21 either way). Wholly: the schema is exactly that state's (tables, FTS
+    declarations, shadow tables, view, triggers), both FTS5 integrity checks and PRAGMA
+    integrity_check pass, and the indexes answer as that state's reference store does.
     """
     version = scalar(path, "SELECT version FROM schema_version")
     tables = {name for _, name, _ in schema(path)}
-    revision = (
-        scalar(path, "SELECT version_num FROM alembic_version")
+    revisions = (
+        sorted(r[0] for r in rows(path, "SELECT version_num FROM alembic_version"))
         if "alembic_version" in {r[0] for r in rows(path, "SELECT name FROM sqlite_master")}
-        else None
+        else []
     )
-    assert version in (21, 22), f"schema_version is {version}"
-    expected = at_21 if version == 21 else at_22
+    assert version == 21, f"schema_version is {version}"
+    state = "external" if "fts1" in revisions else "inline"
+    expected = at_21 if state == "inline" else at_22
     assert schema(path) == expected.schema, (
-        f"schema_version {version} but the schema is neither 21's nor 22's: "
+        f"at {revisions or 'no revision'} but the schema is neither inline 21's nor external's: "
         f"extra {sorted(schema(path) - expected.schema)[:3]}, "
         f"missing {sorted(expected.schema - schema(path))[:3]}"
     )
-    if version == 21:
-        assert revision in (None, "21")
+    if state == "inline":
+        assert revisions in ([], ["21"])
         assert {f"{WORD}_content", f"{TRIGRAM}_content"} <= tables
     else:
-        assert revision == "22"
+        assert revisions == ["21", "fts1"]
         assert not {f"{WORD}_content", f"{TRIGRAM}_content"} & tables
     assert fts_problems(path) == {}
     assert probe(path) == expected.answers
-    return int(version)
+    return state
 
 
 # --------------------------------------------------------------------------------------

@@ -101,6 +101,7 @@ def _all_data(path: Path) -> dict[str, list[dict[str, Any]]]:
 # --------------------------------------------------------------------------------------------
 
 ADOPTABLE = [(v, drift) for v in range(17, 22) for drift in (True, False) if drift or v < 21]
+HEAD = migrate.head_revision()
 
 
 @pytest.mark.parametrize(("version", "drift"), ADOPTABLE)
@@ -112,7 +113,8 @@ def test_adoption_stamps_the_store_at_its_own_version(
     insert_legacy_rows(path, SESSIONS, MESSAGES)
     before = _all_data(path)
 
-    assert migrate.upgrade(str(path), str(version)) == (None, str(version))
+    result = migrate.upgrade(str(path), str(version))
+    assert (result.before, result.adopted, result.after) == ((), str(version), (str(version),))
 
     assert _scalar(path, "SELECT group_concat(version_num) FROM alembic_version") == str(version)
     assert table_data(path, "schema_version") == [{"version": version}]
@@ -141,11 +143,15 @@ def test_adopted_store_upgrades_to_head_with_its_rows(
     insert_legacy_rows(path, SESSIONS, MESSAGES)
     messages = table_data(path, "messages")
 
-    assert migrate.upgrade(str(path)) == (None, "22")
+    assert migrate.upgrade(str(path)).after == (HEAD,)
 
-    assert table_data(path, "schema_version") == [{"version": 22}]
+    assert table_data(path, "schema_version") == [{"version": 30}]
     added = {} if drift else DRIFT_COLUMNS["messages"]
-    assert table_data(path, "messages") == [{**row, **added} for row in messages]
+    after = table_data(path, "messages")
+    # Later application versions add columns too: the rows keep every value they had.
+    assert [{k: row[k] for k in {**messages[0], **added}} for row in after] == [
+        {**row, **added} for row in messages
+    ]
     sessions = {row["id"]: row for row in table_data(path, "sessions")}
     assert sessions["s1"]["started_at"] == SESSIONS[0]["started_at"]
     assert sessions["s1"]["title"] == "Café ☕"
@@ -166,7 +172,7 @@ def test_a_store_stamped_17_that_a_later_legacy_build_extended_upgrades(tmp_path
     _sql(path, *ddl.V21_TABLES, *ddl.V21_INDEXES)
     insert_legacy_rows(path, [{**SESSIONS[0], "display_name": "kept"}], MESSAGES[:1])
 
-    assert migrate.upgrade(str(path)) == (None, "22")
+    assert migrate.upgrade(str(path)).after == (HEAD,)
 
     reference = tmp_path / "reference.db"
     migrate.upgrade(str(reference))
@@ -180,8 +186,9 @@ def test_an_already_versioned_store_is_not_adopted_again(tmp_path: Path) -> None
     path = tmp_path / "state.db"
     build_legacy_store(path, 19)
     migrate.upgrade(str(path), "19")
-    assert migrate.upgrade(str(path), "19") == ("19", "19")
-    assert migrate.upgrade(str(path), "20") == ("19", "20")
+    result = migrate.upgrade(str(path), "19")
+    assert (result.adopted, result.before, result.after) == (None, ("19",), ("19",))
+    assert migrate.upgrade(str(path), "20").after == ("20",)
     assert table_data(path, "schema_version") == [{"version": 20}]
 
 
@@ -194,10 +201,10 @@ def test_a_new_store_is_created_at_head_readable_by_its_owner_only(
         path.touch(mode=0o644)
         path.chmod(0o644)
 
-    assert migrate.upgrade(str(path)) == (None, "22")
+    assert migrate.upgrade(str(path)).after == (HEAD,)
 
-    assert table_data(path, "schema_version") == [{"version": 22}]
-    assert _scalar(path, "SELECT version_num FROM alembic_version") == "22"
+    assert table_data(path, "schema_version") == [{"version": 30}]
+    assert _scalar(path, "SELECT version_num FROM alembic_version") == HEAD
     for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
         if candidate.exists():
             assert stat.S_IMODE(candidate.stat().st_mode) == 0o600, candidate.name
@@ -259,17 +266,17 @@ REFUSALS: dict[str, tuple[Callable[[Path], None], type[StoreError], tuple[str, .
         SchemaTooOld,
         ("legacy schema 16", "17"),
     ),
-    "schema 22 unversioned": (
-        _legacy_with(21, "UPDATE schema_version SET version = 22"),
+    "schema 31 unversioned": (
+        _legacy_with(21, "UPDATE schema_version SET version = 31"),
         SchemaTooNew,
-        ("legacy schema 22",),
+        ("legacy schema 31", "newer than 30"),
     ),
     "schema 40 unversioned": (
         _legacy_with(21, "UPDATE schema_version SET version = 40"),
         SchemaTooNew,
         ("legacy schema 40",),
     ),
-    "unknown revision": (_versioned_at("23"), SchemaTooNew, ("'23'",)),
+    "unknown revision": (_versioned_at("fts9"), SchemaTooNew, ("'fts9'",)),
     "unrelated tables": (_unrelated, UnknownSchema, ("notes", "schema_version")),
     "schema_version empty": (
         _legacy_with(19, "DELETE FROM schema_version"),
@@ -380,7 +387,7 @@ def _alembic_runs(
 #: The refusals the CLI is checked on (those of the brief; the library test covers the rest).
 CLI_REFUSALS = [
     "schema 16",
-    "schema 22 unversioned",
+    "schema 31 unversioned",
     "unknown revision",
     "unrelated tables",
     "schema_version empty",
@@ -452,9 +459,9 @@ def test_store_location_precedence_on_the_cli(tmp_path: Path) -> None:
     assert created("x") == [True, False, False]
     assert created("url") == [False, True, False]
     assert created("home") == [False, False, True]
-    assert _scalar(x_db["x"], "SELECT version_num FROM alembic_version") == "22"
-    assert _scalar(url_db["url"], "SELECT version_num FROM alembic_version") == "22"
-    assert _scalar(homes["home"] / "state.db", "SELECT version_num FROM alembic_version") == "22"
+    assert _scalar(x_db["x"], "SELECT version_num FROM alembic_version") == HEAD
+    assert _scalar(url_db["url"], "SELECT version_num FROM alembic_version") == HEAD
+    assert _scalar(homes["home"] / "state.db", "SELECT version_num FROM alembic_version") == HEAD
     # A broken $HERMES_STORE_URL does not matter when -x db names the store.
     assert _scalar(x_db["broken-url"], "SELECT version_num FROM alembic_version") == "17"
     assert _state(broken) == broken_before

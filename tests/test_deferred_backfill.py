@@ -408,7 +408,7 @@ def test_kill_9_at_many_points_then_resume_loses_nothing(
         assert process.returncode == -signal.SIGKILL
         assert integrity(db) == ["ok"]
         status = invoke("current", "--db", db)
-        assert status["revision"] == "22"
+        assert status["revision"] in ("21, fts1", migrate.head_revision())
         now = stage(markers(db))
         for index, (phase, upto) in zip(fts.INDEXES, now, strict=True):
             if phase == 0:  # `current` reports what the markers say
@@ -718,7 +718,8 @@ def test_a_deferred_upgrade_of_a_healthy_store_still_converts_in_place(tmp_path:
     path = tmp_path / "state.db"
     _legacy_store(path, 300, drifted=False)
     with _private_home(tmp_path):
-        assert migrate.upgrade(str(path), x={"fts_backfill": "deferred"})[1] == "22"
+        result = migrate.upgrade(str(path), x={"fts_backfill": "deferred"})
+        assert result.after == (migrate.head_revision(),)
     assert markers(path) == {}
     status = invoke("current", "--db", path)
     assert status["fts_indexes"] == {WORD: "external", TRIGRAM: "external"}

@@ -46,6 +46,7 @@ from sqlalchemy import Engine, event
 from hermes_store import backfill, maintenance, migrate
 from hermes_store.engine import ENV_BUSY_TIMEOUT, WalUnavailableWarning, create_store_engine
 from hermes_store.errors import DiskFull, StoreBusy, StoreReadOnly, UnsafePath
+from hermes_store.fts import LAYOUT_MARKER
 from hermes_store.search import search_messages
 from hermes_store.store import NewMessage, Store
 
@@ -177,14 +178,16 @@ def kill_points(statements: int, seconds: float) -> list[tuple[str, float]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("conversion", ["in-place", "rebuild"])
-def test_kill_9_during_the_upgrade_leaves_21_or_22_never_between(
+def test_kill_9_during_the_conversion_leaves_inline_or_external_never_between(
     conversion: str, kill_templates: dict[str, Path], tmp_path: Path
 ) -> None:
     template = kill_templates[conversion]
     assert scalar(template, "SELECT count(*) FROM messages") >= KILL_STORE_MESSAGES * 0.98
     at_21 = snapshot(template)
     work = tmp_path / "state.db"
-    x: dict[str, str] = {}  # immediate mode (no deferred backfill), path chosen by the store
+    # Immediate mode (no deferred backfill), path chosen by the store; the relational schema
+    # stays at 21 so that the only step is the search conversion.
+    x = {"app_version": "21"}
     processes = UpgradeProcesses()
     try:
         # An uninterrupted run: the reference at 22, the statement count and the duration.
@@ -197,7 +200,7 @@ def test_kill_9_during_the_upgrade_leaves_21_or_22_never_between(
         copy_store(work, reference)
         at_22 = snapshot(reference)
         assert at_22.answers != at_21.answers or conversion == "in-place"
-        outcomes: list[tuple[str, float, int]] = []
+        outcomes: list[tuple[str, float, str]] = []
         for kind, point in kill_points(report["statements"], report["seconds"]):
             copy_store(template, work)
             if kind == "statement":
@@ -208,16 +211,16 @@ def test_kill_9_during_the_upgrade_leaves_21_or_22_never_between(
             outcomes.append((kind, point, version))
             # Re-running the upgrade completes it (on every third store left at 21: each is
             # already proven identical to the template in schema, checks and answers).
-            if version == 21 and sum(v == 21 for _, _, v in outcomes) % 3 == 1:
-                assert migrate.upgrade(str(work))[1] == "22"
-                assert whole_revision(work, at_21, at_22) == 22
+            if version == "inline" and sum(v == "inline" for _, _, v in outcomes) % 3 == 1:
+                assert migrate.upgrade(str(work), app_version=21).layout_after == "external"
+                assert whole_revision(work, at_21, at_22) == "external"
     finally:
         processes.close()
     versions = [version for _, _, version in outcomes]
     assert len(outcomes) >= 14
     # Both outcomes occurred: the kills landed before and after the commit.
-    assert 21 in versions, outcomes
-    assert 22 in versions, outcomes
+    assert "inline" in versions, outcomes
+    assert "external" in versions, outcomes
 
 
 # ======================================================================================
@@ -301,7 +304,7 @@ def test_upgrade_on_a_full_disk_fails_clearly_and_leaves_the_store_as_it_was(
             copy_store(template, path)
             before = logical(path)
             filler = leave_free(disk, free)
-            proc = cli("upgrade", "--db", path)
+            proc = cli("upgrade", "--db", path, "--app-version", "21")  # the conversion alone
             if proc.returncode != 0:
                 failures += 1
                 assert_clean_failure(proc, *CLEAN_DISK_FULL)
@@ -312,10 +315,12 @@ def test_upgrade_on_a_full_disk_fails_clearly_and_leaves_the_store_as_it_was(
                 filler.unlink()
                 application_writes(path)
                 assert fts_problems(path) == {}
-                assert migrate.upgrade(str(path))[1] == "22"  # with space, it completes
+                # With space, it completes.
+                assert migrate.upgrade(str(path), app_version=21).layout_after == "external"
             else:
                 filler.unlink()
-                assert scalar(path, "SELECT version FROM schema_version") == 22
+                layout = "SELECT value FROM state_meta WHERE key = ?"
+                assert scalar(path, layout, [LAYOUT_MARKER]) == "external"
             assert fts_problems(path) == {}
         assert failures >= 1, "the smallest free space should have made the upgrade fail"
 
@@ -451,7 +456,7 @@ def test_a_page_limit_full_store_is_reported_and_rolled_back(
     try:
         if store == "drifted":
             with pytest.raises(DiskFull, match="disk is full"):
-                migrate.upgrade(str(path))
+                migrate.upgrade(str(path), app_version=21)  # the conversion alone
         else:
             with pytest.raises(DiskFull, match="disk is full"):
                 maintenance.optimize(engine, vacuum=False)
@@ -554,7 +559,7 @@ def test_upgrade_waits_for_a_write_lock_released_within_the_busy_timeout(
         release()
         out, err = upgrade.communicate(timeout=120)
     assert upgrade.returncode == 0, err
-    assert json.loads(out)["to"] == "22"
+    assert json.loads(out)["to"] == migrate.head_revision()
     assert fts_problems(path) == {}
 
 
@@ -693,7 +698,7 @@ def test_readers_keep_reading_during_every_maintenance_command(
     with readers_checked_mid_statement(path):
         if command.startswith("upgrade"):
             x = {"fts_convert": "rebuild"} if command == "upgrade-rebuild" else {}
-            assert migrate.upgrade(str(path), x=x)[1] == "22"
+            assert migrate.upgrade(str(path), x=x).after == (migrate.head_revision(),)
         else:
             _maintenance(command, path)
     assert fts_problems(path) == {}
@@ -822,7 +827,7 @@ def test_a_symlinked_store_is_followed_and_its_side_files_live_next_to_the_targe
     proc = cli("upgrade", "--db", link)
     assert proc.returncode == 0, proc
     assert link.is_symlink()
-    assert scalar(real, "SELECT version FROM schema_version") == 22
+    assert scalar(real, "SELECT version FROM schema_version") == 30
     assert not list(link.parent.glob("state.db-*"))
     assert fts_problems(real) == {}
 

@@ -21,15 +21,19 @@ from sqlalchemy import Engine
 
 from hermes_store import migrate
 
+SCRIPT = migrate.script_directory()
 #: Every revision, oldest first.
-REVISIONS = [
-    script.revision for script in reversed(list(migrate.script_directory().walk_revisions()))
-]
+REVISIONS = [script.revision for script in reversed(list(SCRIPT.walk_revisions()))]
 
 
-def test_revisions_are_the_legacy_schema_numbers_then_the_fts_conversion() -> None:
-    assert REVISIONS == ["17", "18", "19", "20", "21", "22"]
-    assert migrate.head_revision() == "22"
+def test_revisions_are_the_application_versions_with_the_search_branch_and_one_head() -> None:
+    numbered = [revision for revision in REVISIONS if revision.isdigit()]
+    assert numbered == [str(version) for version in range(17, 31)]
+    assert sorted(set(REVISIONS) - set(numbered)) == ["fts1", "merge_30_fts1"]
+    # The search layout branches off the first revision that has the FTS5 indexes, and the
+    # one head joins it to the application's newest schema.
+    assert SCRIPT.get_revision("fts1").down_revision == "17"
+    assert SCRIPT.get_revision(migrate.head_revision()).down_revision == ("30", "fts1")
 
 
 # --------------------------------------------------------------------------------------------
@@ -57,12 +61,37 @@ def _schema_version(engine: Engine) -> list[tuple[Any, ...]] | None:
     return _query(engine, "SELECT version FROM schema_version")
 
 
-def _expected_version(revision: str | None) -> list[tuple[int]] | None:
-    return None if revision in (None, "base") else [(int(revision),)]
+def _parents(revision: str) -> tuple[str, ...]:
+    down = SCRIPT.get_revision(revision).down_revision
+    if down is None:
+        return ()
+    return (down,) if isinstance(down, str) else tuple(down)
+
+
+def _expected_version(revisions: tuple[str, ...]) -> list[tuple[int]] | None:
+    """schema_version at a set of revisions: the application version of the relational head.
+
+    The search branch never changes it: at (17, fts1) it is 17.
+    """
+    if not revisions:
+        return None
+    ancestry = {
+        script.revision for head in revisions for script in SCRIPT.iterate_revisions(head, "base")
+    }
+    return [(max(int(rev) for rev in ancestry if rev.isdigit()),)]
 
 
 def _snapshot(engine: Engine) -> dict[str, Any]:
     return schema_snapshot(engine.url.database or "")
+
+
+def _file_fts_ids(path: Path, table: str, query: str) -> list[int]:
+    conn = sqlite3.connect(path)
+    try:
+        sql = f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid"
+        return [row[0] for row in conn.execute(sql, (query,))]
+    finally:
+        conn.close()
 
 
 def _fts_ids(engine: Engine, table: str, query: str) -> list[int]:
@@ -101,32 +130,62 @@ MESSAGES = [
 # --------------------------------------------------------------------------------------------
 
 
+def _file_snapshot(path: Path) -> dict[str, Any]:
+    return schema_snapshot(path)
+
+
+def _file_version(path: Path) -> list[tuple[Any, ...]] | None:
+    conn = sqlite3.connect(path)
+    try:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        if "schema_version" not in tables:
+            return None
+        return conn.execute("SELECT version FROM schema_version").fetchall()
+    finally:
+        conn.close()
+
+
+def _up_to_parents(path: Path, revision: str) -> tuple[str, ...]:
+    """Bring a new store to exactly the parents of ``revision``; return them."""
+    parents = _parents(revision)
+    path.touch()
+    for parent in parents:
+        migrate.upgrade(str(path), parent)
+    return tuple(sorted(parents))
+
+
+def _down_to_parents(path: Path, revision: str) -> None:
+    """Undo ``revision`` alone (for a merge, undoing it leaves both parents)."""
+    parents = _parents(revision)
+    migrate.downgrade(str(path), parents[0] if parents else "base")
+
+
 @pytest.mark.parametrize("revision", REVISIONS)
-def test_stairway_up_down_up(alembic_runner: Any, alembic_engine: Engine, revision: str) -> None:
-    """Upgrading to each revision, downgrading one step and upgrading again is lossless for the
-    schema, and schema_version follows the revision at every step."""
-    alembic_runner.migrate_up_before(revision)
-    previous = alembic_runner.current
-    before = _snapshot(alembic_engine)
-    assert _schema_version(alembic_engine) == _expected_version(previous)
+def test_stairway_up_down_up(tmp_path: Path, revision: str) -> None:
+    """Upgrading to each revision, downgrading that step and upgrading again is lossless for
+    the schema, and schema_version names the application version at every step."""
+    path = tmp_path / "state.db"
+    parents = _up_to_parents(path, revision)
+    before = _file_snapshot(path)
+    assert _file_version(path) == _expected_version(parents)
 
-    alembic_runner.migrate_up_one()
-    assert alembic_runner.current == revision
-    after = _snapshot(alembic_engine)
-    assert _schema_version(alembic_engine) == _expected_version(revision)
-    assert after != before, f"revision {revision} changed nothing"
+    result = migrate.upgrade(str(path), revision)
+    after = _file_snapshot(path)
+    assert _file_version(path) == _expected_version(result.after)
+    if SCRIPT.get_revision(revision).is_merge_point:
+        assert after == before  # a merge only joins the branches
+    elif revision not in ("23", "26", "27", "28", "29"):  # the application changed no table
+        assert after != before, f"revision {revision} changed nothing"
 
-    alembic_runner.migrate_down_one()
-    assert alembic_runner.current == previous
-    diff = diff_snapshots(before, _snapshot(alembic_engine), ("before", "downgraded"))
+    _down_to_parents(path, revision)
+    diff = diff_snapshots(before, _file_snapshot(path), ("before", "downgraded"))
     assert not diff, diff
-    assert _schema_version(alembic_engine) == _expected_version(previous)
+    assert _file_version(path) == _expected_version(parents)
 
-    alembic_runner.migrate_up_one()
-    assert alembic_runner.current == revision
-    diff = diff_snapshots(after, _snapshot(alembic_engine), ("first upgrade", "re-upgrade"))
+    migrate.upgrade(str(path), revision)
+    diff = diff_snapshots(after, _file_snapshot(path), ("first upgrade", "re-upgrade"))
     assert not diff, diff
-    assert _schema_version(alembic_engine) == _expected_version(revision)
+    assert _file_version(path) == _expected_version(result.after)
 
 
 def test_downgrade_to_base_leaves_an_empty_file(
@@ -150,40 +209,69 @@ def _restricted(rows: list[dict[str, Any]], columns: set[str]) -> list[dict[str,
 #: Columns a revision adds to sessions / messages, with the value existing rows get.
 ADDED_COLUMNS: dict[str, dict[str, dict[str, Any]]] = {
     "18": {"sessions": {"display_name": None, "origin_json": None, "expiry_finalized": 0}},
+    "24": {
+        "sessions": {
+            "git_metadata_generation": 0,
+            "title_source": None,
+            "last_activity_at": None,
+            "last_activity_description": None,
+            "last_activity_provenance": None,
+            "compression_ineffective_count": 0,
+            "compression_recovery_deadline": None,
+            "profile_name": None,
+            "pinned": 0,
+            "hidden": 0,
+            "last_read_at": None,
+            "tool_names": None,
+        },
+        "messages": {
+            "_compressed_summary": 0,
+            "api_content": None,
+            "display_kind": None,
+            "display_metadata": None,
+        },
+    },
+    "25": {"sessions": {"system_prompt_hash": None}},
+    "30": {
+        "sessions": {
+            "created_source": None,
+            "compression_overload_streak": 0,
+            "transport_profile": None,
+        },
+        # The display triggers number messages that are inserted from 30 on, not older ones.
+        "messages": {"display_identity": None, "display_order": None},
+    },
 }
 
 
 @pytest.mark.parametrize("revision", REVISIONS[1:])
-def test_rows_survive_the_revision_and_its_downgrade(
-    alembic_runner: Any, alembic_engine: Engine, revision: str
-) -> None:
-    alembic_runner.migrate_up_before(revision)
-    alembic_runner.insert_into("sessions", [SESSION, CHILD])
-    alembic_runner.insert_into("messages", MESSAGES)
-    path = alembic_engine.url.database or ""
+def test_rows_survive_the_revision_and_its_downgrade(tmp_path: Path, revision: str) -> None:
+    path = tmp_path / "state.db"
+    _up_to_parents(path, revision)
+    insert_legacy_rows(path, [SESSION, CHILD], MESSAGES)
     before = {table: table_data(path, table) for table in ("sessions", "messages")}
 
-    alembic_runner.migrate_up_one()
+    migrate.upgrade(str(path), revision)
     for table, rows in before.items():
         after = table_data(path, table)
         added = ADDED_COLUMNS.get(revision, {}).get(table, {})
         assert after == [{**row, **added} for row in rows], f"{table} rows changed by {revision}"
     # Every message is still found by both indexes, whichever layout they are in.
-    assert _fts_ids(alembic_engine, "messages_fts", "paris") == [1]
-    assert _fts_ids(alembic_engine, "messages_fts", "web_search") == [2]
-    assert _fts_ids(alembic_engine, "messages_fts_trigram", "ari") == [1]
+    assert _file_fts_ids(path, "messages_fts", "paris") == [1]
+    assert _file_fts_ids(path, "messages_fts", "web_search") == [2]
+    assert _file_fts_ids(path, "messages_fts_trigram", "ari") == [1]
 
-    alembic_runner.migrate_down_one()
+    _down_to_parents(path, revision)
     for table, rows in before.items():
         assert table_data(path, table) == rows, f"{table} rows changed by downgrading {revision}"
-    assert _fts_ids(alembic_engine, "messages_fts", "paris") == [1]
-    assert _fts_ids(alembic_engine, "messages_fts_trigram", "search") == [2]
+    assert _file_fts_ids(path, "messages_fts", "paris") == [1]
+    assert _file_fts_ids(path, "messages_fts_trigram", "search") == [2]
 
 
 def test_fts_conversion_keeps_the_legacy_trigger_names_and_drops_the_copies(
     alembic_runner: Any, alembic_engine: Engine
 ) -> None:
-    alembic_runner.migrate_up_before("22")
+    alembic_runner.migrate_up_before("fts1")
     alembic_runner.insert_into("sessions", SESSION)
     alembic_runner.insert_into("messages", MESSAGES[:2])
     alembic_runner.migrate_up_one()
@@ -304,13 +392,12 @@ def _usage_by_session(path: str | Path) -> dict[str, list[dict[str, Any]]]:
     return rows
 
 
-def test_usage_seed_has_one_row_per_session_that_used_tokens(
-    alembic_runner: Any, alembic_engine: Engine
-) -> None:
-    alembic_runner.migrate_up_before("20")
-    alembic_runner.insert_into("sessions", USAGE_SESSIONS)
-    alembic_runner.migrate_up_one()
-    usage = _usage_by_session(alembic_engine.url.database or "")
+def test_usage_seed_has_one_row_per_session_that_used_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    migrate.upgrade(str(path), "19")
+    insert_legacy_rows(path, USAGE_SESSIONS, [])
+    migrate.upgrade(str(path), "20")
+    usage = _usage_by_session(path)
     assert sorted(usage) == ["full", "nulls", "reasoning-only"]
     assert usage["full"] == [EXPECTED_USAGE["full"]]
     assert usage["nulls"] == [EXPECTED_USAGE["nulls"]]
@@ -338,7 +425,7 @@ def test_usage_seed_is_idempotent_over_rows_the_legacy_application_wrote(tmp_pat
         )
     conn.close()
 
-    assert migrate.upgrade(str(path), "20") == (None, "20")
+    assert migrate.upgrade(str(path), "20").after == ("20",)
     usage = _usage_by_session(path)
     assert sorted(usage) == ["full", "nulls", "reasoning-only"]
     assert len(usage["full"]) == 1

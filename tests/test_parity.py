@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from legacy import ddl
 from legacy.build import build_legacy_store
-from migration_support import clone, migration_log
+from migration_support import back_to_inline_21, clone, migration_log
 from parity_queries import PARITY_QUERIES, UNENCODABLE_QUERIES
 
 from hermes_store import corpus, fts, migrate
@@ -174,12 +174,33 @@ def differences(
     return lines
 
 
+#: What a message and a session hold at schema 21: the digest covers exactly that, so that
+#: columns added by later application versions (with their defaults) do not count as change.
+DIGEST_COLUMNS = {
+    "messages": "id, session_id, role, content, tool_call_id, tool_calls, tool_name, "
+    "effect_disposition, timestamp, token_count, finish_reason, reasoning, reasoning_content, "
+    "reasoning_details, codex_reasoning_items, codex_message_items, platform_message_id, "
+    "observed, active, compacted",
+    "sessions": "id, source, user_id, model, model_config, {prompt}, parent_session_id, "
+    "started_at, ended_at, end_reason, message_count, tool_call_count, input_tokens, "
+    "output_tokens, title, archived",
+}
+#: The system prompt wherever schema 25 put it: inline before, in system_prompts after.
+PROMPT_AFTER_25 = (
+    "COALESCE(system_prompt, "
+    "(SELECT prompt FROM system_prompts WHERE hash = sessions.system_prompt_hash))"
+)
+
+
 def data_digest(path: Path) -> str:
-    """SHA-256 over every row of `messages` and `sessions`, in key order."""
+    """SHA-256 over every message and session as schema 21 holds them, in key order."""
     digest = hashlib.sha256()
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        for table, key in (("messages", "id"), ("sessions", "id")):
-            for row in conn.execute(f"SELECT * FROM {table} ORDER BY {key}"):
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        prompt = PROMPT_AFTER_25 if "system_prompts" in tables else "system_prompt"
+        for table, columns in DIGEST_COLUMNS.items():
+            select = f"SELECT {columns.format(prompt=prompt)} FROM {table} ORDER BY id"
+            for row in conn.execute(select):
                 digest.update(repr(row).encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
 
@@ -196,7 +217,11 @@ def store_facts(path: Path) -> dict[str, Any]:
             return {
                 "layout": {name: fts.index_layout(conn, name) for name in INDEXES},
                 "content_copies": sorted(n for n in names if n.endswith("_content")),
-                "triggers": sorted(n for n, kind in names.items() if kind == "trigger"),
+                "triggers": sorted(
+                    n
+                    for n, kind in names.items()
+                    if kind == "trigger" and n.startswith("messages_fts")
+                ),
                 "schema_version": conn.exec_driver_sql(
                     "SELECT version FROM schema_version"
                 ).scalar_one(),
@@ -332,14 +357,14 @@ def test_upgrade_keeps_every_search_answer(
 ) -> None:
     digest = data_digest(store_copy)
     with migration_log() as log:
-        assert migrate.upgrade(store_copy, x=x) == (None, "22")
+        assert migrate.upgrade(store_copy, x=x).after == (migrate.head_revision(),)
     assert converted_by(log) == dict.fromkeys(INDEXES, expected_path), log
     facts = store_facts(store_copy)
     assert facts["layout"] == dict.fromkeys(INDEXES, "external")
     assert facts["content_copies"] == []
     assert facts["problems"] == {}
     assert facts["triggers"] == sorted(ddl.FTS_TRIGGER_NAMES)  # what the legacy app checks
-    assert facts["schema_version"] == 22
+    assert facts["schema_version"] == 30
     assert data_digest(store_copy) == digest
 
     assert differences(ALL_QUERIES, legacy_answers, run_queries(store_copy, ALL_QUERIES)) == []
@@ -355,7 +380,7 @@ def test_downgrade_and_upgrade_again_keeps_data_and_answers(
     assert data_digest(store_copy) == digest
 
     with migration_log() as log:
-        assert migrate.downgrade(store_copy, "21") == ("22", "21")
+        back_to_inline_21(store_copy)
     assert any("converted back to inline in place" in m for m in log), log
     facts = store_facts(store_copy)
     assert facts["layout"] == dict.fromkeys(INDEXES, "inline")
@@ -366,12 +391,12 @@ def test_downgrade_and_upgrade_again_keeps_data_and_answers(
     assert differences(ALL_QUERIES, legacy_answers, run_queries(store_copy, ALL_QUERIES)) == []
 
     with migration_log() as log:
-        assert migrate.upgrade(store_copy) == ("21", "22")
+        assert migrate.upgrade(store_copy).before == ("21",)
     # The inline copies refilled by the downgrade verify exact: converted in place again.
     assert converted_by(log) == dict.fromkeys(INDEXES, "in place"), log
     facts = store_facts(store_copy)
     assert facts["layout"] == dict.fromkeys(INDEXES, "external")
-    assert facts["schema_version"] == 22
+    assert facts["schema_version"] == 30
     assert facts["problems"] == {}
     assert data_digest(store_copy) == digest
     assert differences(ALL_QUERIES, legacy_answers, run_queries(store_copy, ALL_QUERIES)) == []

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from migration_support import back_to_inline_21
 from reliability_support import (
     INDEXES,
     assert_clean_failure,
@@ -204,7 +205,7 @@ def test_no_log_record_at_any_level_carries_message_text(
             store.append_message("log", NewMessage("user", f"new {MARKER}", tool_calls="{bad"))
     finally:
         engine.dispose()
-    migrate.downgrade(str(path), "21")
+    back_to_inline_21(path)
     migrate.upgrade(str(path), x={"fts_convert": "rebuild", "fts_backfill": "deferred"})
     engine = create_store_engine(path, create=False)
     try:
@@ -294,7 +295,7 @@ def test_upgrade_backup_is_a_private_copy_of_the_store_as_it_was(
     result = invoke("upgrade", "--db", path, "--backup", dest, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["backup"] == str(dest)
-    assert scalar(path, "SELECT version FROM schema_version") == 22
+    assert scalar(path, "SELECT version FROM schema_version") == 30
     # The copy: the legacy store as it was, unversioned, self-contained, intact.
     assert logical(dest) == before
     tables = {r[0] for r in rows(dest, "SELECT name FROM sqlite_master")}
@@ -304,7 +305,7 @@ def test_upgrade_backup_is_a_private_copy_of_the_store_as_it_was(
     assert mode(dest) == 0o600
     assert sorted(p.name for p in dest.parent.iterdir()) == [dest.name]
     # A restored copy upgrades like the original.
-    assert migrate.upgrade(str(dest))[1] == "22"
+    assert migrate.upgrade(str(dest)).after == (migrate.head_revision(),)
 
 
 def test_an_existing_backup_file_is_never_overwritten_unasked(
@@ -362,7 +363,7 @@ def test_alembic_x_backup_takes_the_copy_before_the_revisions(
     )
     assert done.returncode == 0, done.stderr
     assert logical(dest) == before
-    assert scalar(path, "SELECT version FROM schema_version") == 22
+    assert scalar(path, "SELECT version FROM schema_version") == 30
     again = subprocess.run(
         [sys.executable, "-m", "alembic", "-c", str(PROJECT / "alembic.ini")]
         + ["-x", f"db={path}", "-x", f"backup={dest}", "downgrade", "21"],
@@ -375,7 +376,7 @@ def test_alembic_x_backup_takes_the_copy_before_the_revisions(
     assert again.returncode != 0
     assert "already exists" in again.stderr
     assert "Traceback" not in again.stderr
-    assert scalar(path, "SELECT version FROM schema_version") == 22
+    assert scalar(path, "SELECT version FROM schema_version") == 30
 
 
 WRITER = r"""

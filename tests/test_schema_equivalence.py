@@ -85,7 +85,12 @@ STARTING_POINTS = {
     "19": _legacy(19),
     "21 long-lived": _legacy(21),
     "21 fresh order": _legacy(21, fresh_order=True),
+    "25 exact": _legacy(25, drift=False),
+    "27 with later columns": _legacy(27),
+    "30 older build": _legacy(30, drift=False),
+    "30 newest build": _legacy(30),
 }
+HEAD = migrate.head_revision()
 
 
 def _fresh(tmp_path: Path, revision: str, *, rows: bool) -> Path:
@@ -106,6 +111,10 @@ def _search(path: Path, table: str, query: str) -> list[int]:
         conn.close()
 
 
+def _without_display_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k != "display_order"} for row in rows]
+
+
 def _assert_same_schema(fresh: Path, upgraded: Path) -> None:
     diff = diff_snapshots(schema_snapshot(fresh), schema_snapshot(upgraded), ("fresh", "upgraded"))
     assert not diff, "\n" + diff
@@ -114,6 +123,8 @@ def _assert_same_schema(fresh: Path, upgraded: Path) -> None:
 @pytest.mark.parametrize("start", STARTING_POINTS)
 def test_upgrade_to_21_equals_a_fresh_21(tmp_path: Path, start: str) -> None:
     path = tmp_path / "state.db"
+    if start.startswith(("25", "27", "30")):
+        pytest.skip("a store above 21 is not taken back to 21 by an upgrade")
     STARTING_POINTS[start](path)
     has_rows = start != "empty file"
 
@@ -138,12 +149,17 @@ def test_upgrade_to_head_equals_a_fresh_head(tmp_path: Path, start: str) -> None
     STARTING_POINTS[start](path)
     has_rows = start != "empty file"
 
-    assert migrate.upgrade(str(path))[1] == "22"
+    assert migrate.upgrade(str(path)).after == (HEAD,)
 
-    fresh = _fresh(tmp_path, "22", rows=has_rows)
+    fresh = _fresh(tmp_path, HEAD, rows=has_rows)
     _assert_same_schema(fresh, path)
-    for table in ("schema_version", "sessions", "messages"):
+    for table in ("schema_version", "sessions"):
         assert table_data(path, table) == table_data(fresh, table), table
+    # The display triggers of schema 30 number the messages written from then on; the
+    # application fills older rows' display order itself, later, as it pages through them.
+    assert _without_display_order(table_data(path, "messages")) == _without_display_order(
+        table_data(fresh, "messages")
+    )
     if has_rows:
         assert _search(path, "messages_fts", "paris") == [2]
         assert _search(path, "messages_fts", "louvre") == [4]

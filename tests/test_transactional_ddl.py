@@ -139,7 +139,7 @@ def test_a_failing_revision_19_leaves_the_store_at_18(
     assert not _one(path, "SELECT 1 FROM sqlite_master WHERE name = 'gateway_routing'")
 
     monkeypatch.undo()  # the fixed revision: the same store now upgrades
-    assert migrate.upgrade(str(path), "21") == ("18", "21")
+    assert migrate.upgrade(str(path), "21").after == ("21",)
     assert _one(path, "SELECT version FROM schema_version") == [(21,)]
 
 
@@ -164,26 +164,14 @@ def test_revisions_before_the_failing_one_stay_committed(
 # --------------------------------------------------------------------------------------------
 
 
-class _OpFailingBeforeVersionBump:
-    """`alembic.op` for revision 22, raising instead of its final schema_version update."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(op, name)
-
-    def execute(self, sql: Any, *args: Any, **kwargs: Any) -> None:
-        if str(sql).startswith("UPDATE schema_version"):
-            raise SimulatedCrash("crash before the version bump")
-        op.execute(sql, *args, **kwargs)
-
-
-@pytest.mark.parametrize("where", ["after the trigram swap", "before the version bump"])
-def test_a_failing_revision_22_leaves_the_inline_indexes_intact(
+@pytest.mark.parametrize("where", ["after the trigram swap", "before the layout marker"])
+def test_a_failing_conversion_leaves_the_inline_indexes_intact(
     tmp_path: Path, script: ScriptDirectory, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     path = _legacy_store(tmp_path, 21)
     migrate.upgrade(str(path), "21")
     before = _state(path)
-    module = script.get_revision("22").module
+    module = script.get_revision("fts1").module
     converted: list[tuple[str, str, bool]] = []
     original_convert = module._convert
 
@@ -195,11 +183,15 @@ def test_a_failing_revision_22_leaves_the_inline_indexes_intact(
             raise SimulatedCrash("crash after the in-place swap")
 
     monkeypatch.setattr(module, "_convert", convert)
-    if where == "before the version bump":
-        monkeypatch.setattr(module, "op", _OpFailingBeforeVersionBump())
+    if where == "before the layout marker":
+
+        def crash(value: str | None) -> None:
+            raise SimulatedCrash("crash before the layout marker")
+
+        monkeypatch.setattr(module, "_set_marker", crash)
 
     with pytest.raises(SimulatedCrash):
-        migrate.upgrade(str(path))
+        migrate.upgrade(str(path), app_version=21)  # the conversion is the only step
 
     # The swap did happen inside the transaction, in place (no copy left) ...
     assert converted == [
@@ -228,8 +220,8 @@ def test_a_failing_revision_22_leaves_the_inline_indexes_intact(
     assert _search(path, "messages_fts", "croissant") == [4]
 
     monkeypatch.undo()  # a later real upgrade completes
-    assert migrate.upgrade(str(path)) == ("21", "22")
-    assert _one(path, "SELECT version FROM schema_version") == [(22,)]
+    assert migrate.upgrade(str(path), app_version=21).after == ("21", "fts1")
+    assert _one(path, "SELECT version FROM schema_version") == [(21,)]
     tables = {row[0] for row in _one(path, "SELECT name FROM sqlite_master WHERE type='table'")}
     assert not {"messages_fts_content", "messages_fts_trigram_content"} & tables
     _assert_healthy(path)

@@ -25,8 +25,16 @@ and the triggers' WHEN clause leaves those rows to the backfill (a 'delete' for 
 was never indexed would corrupt the index). Without those keys every row is indexed.
 `UPDATE OF` also lists `id`, so a changed rowid never leaves a stale entry.
 
-Everything runs in the revision's transaction: interrupted at any point, the store is
-still at 21 with its inline indexes. A store whose indexes are already external is left
+A store whose indexes the Hermes application already moved to its own external layout
+(its view `messages_fts_src`, marker `fts_storage_version`) is left as it is, in one log
+line: the application maintains those objects itself.
+
+This revision never changes `schema_version` (the application's relational version); it
+records the layout in `state_meta` under `hermes_store.fts_layout` ('external', or
+'application' for the case above).
+
+Everything runs in the revision's transaction: interrupted at any point, the store keeps
+its inline indexes. A store whose indexes are already external is left
 as it is. Without the trigram tokenizer the word index converts alone; without FTS5 the
 triggers are dropped (writes keep working, search returns nothing) and a warning logged.
 
@@ -34,8 +42,8 @@ Downgrade converts back to the inline layout, in place as well (the copies are r
 from the view) when each index holds exactly the view's ids, else by re-indexing.
 Nothing is lost either way: every message stays in `messages`.
 
-Revision ID: 22
-Revises: 21
+Revision ID: fts1
+Revises: 17
 """
 
 from __future__ import annotations
@@ -47,9 +55,9 @@ import sqlalchemy as sa
 
 from alembic import context, op
 
-revision: str = "22"
-down_revision: str | None = "21"
-branch_labels: str | Sequence[str] | None = None
+revision: str = "fts1"
+down_revision: str | None = "17"
+branch_labels: str | Sequence[str] | None = ("fts",)
 depends_on: str | Sequence[str] | None = None
 
 log = logging.getLogger("alembic.runtime.migration")
@@ -272,6 +280,45 @@ INDEXED_EXPRESSION = (
 )
 
 
+#: This project's record of the search layout, apart from the application's `schema_version`
+#: (which this revision never changes) and its own `fts_storage_version`.
+LAYOUT_MARKER = "hermes_store.fts_layout"
+LAYOUT_EXTERNAL = "external"
+LAYOUT_APPLICATION = "application"
+#: The view of the Hermes application's own external layout (its fts_storage_version >= 1).
+APPLICATION_VIEW = "messages_fts_src"
+
+
+def _application_layout() -> bool:
+    """The application's own layout, told apart as it does: a word index with a `tool_name`
+    column, its view `messages_fts_src`, or its `fts_storage_version` marker."""
+    word = _declaration(WORD)
+    if word is not None and "tool_name" in word.lower():
+        return True
+    row = (
+        _bind()
+        .execute(
+            sa.text(
+                "SELECT 1 FROM sqlite_master WHERE type = 'view' AND name = :view "
+                "UNION ALL SELECT 1 FROM state_meta WHERE key = 'fts_storage_version'"
+            ),
+            {"view": APPLICATION_VIEW},
+        )
+        .first()
+    )
+    return row is not None
+
+
+def _set_marker(value: str | None) -> None:
+    bind = _bind()
+    bind.execute(sa.text("DELETE FROM state_meta WHERE key = :key"), {"key": LAYOUT_MARKER})
+    if value is not None:
+        bind.execute(
+            sa.text("INSERT INTO state_meta (key, value) VALUES (:key, :value)"),
+            {"key": LAYOUT_MARKER, "value": value},
+        )
+
+
 class SchemaEditRefused(Exception):
     """This SQLite build does not let the schema table be edited (defensive mode)."""
 
@@ -446,6 +493,13 @@ def upgrade() -> None:
     backfill = x_args.get("fts_backfill", "immediate")
     if backfill not in ("immediate", "deferred"):
         raise ValueError(f"-x fts_backfill must be 'immediate' or 'deferred', got {backfill!r}")
+    if _application_layout():
+        log.info(
+            "search indexes: the Hermes application's own external layout (%s), left as it is",
+            APPLICATION_VIEW,
+        )
+        _set_marker(LAYOUT_APPLICATION)
+        return
     op.execute(f"DROP VIEW IF EXISTS {VIEW}")
     op.execute(MESSAGES_FTS_SOURCE_VIEW)
     if not _has_fts5():
@@ -462,7 +516,37 @@ def upgrade() -> None:
             _convert(TRIGRAM, mode == "rebuild", deferred)
         else:
             log.warning("this SQLite has no trigram tokenizer: CJK search will use LIKE scans")
-    op.execute("UPDATE schema_version SET version = 22")
+    _set_marker(LAYOUT_EXTERNAL)
+
+
+#: The inline update trigger of the application's schema 30 and later (see revision 30).
+NARROW_UPDATE_TRIGGER = """
+CREATE TRIGGER {name}
+AFTER UPDATE OF content, tool_name, tool_calls, role ON messages BEGIN
+    DELETE FROM {index} WHERE rowid = old.id;
+    INSERT INTO {index}(rowid, content) VALUES (
+        new.id,
+        COALESCE(CASE WHEN new.role = 'tool'
+         THEN substr(COALESCE(new.content, ''), 1, 8192)
+         ELSE new.content END, '')
+        || ' ' || COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '')
+    );
+END
+"""
+
+
+def _has_display_triggers() -> bool:
+    row = (
+        _bind()
+        .execute(
+            sa.text(
+                "SELECT 1 FROM sqlite_master WHERE type = 'trigger' "
+                "AND name = 'messages_display_order_insert'"
+            )
+        )
+        .first()
+    )
+    return row is not None
 
 
 def _ids_match(name: str) -> bool:
@@ -494,11 +578,19 @@ def _revert(name: str) -> None:
             op.execute(INLINE_TABLES[name])
             op.execute(f"INSERT INTO {name}(rowid, content) SELECT id, content FROM {VIEW}")
             log.info("%s: re-indexed as inline because %s", name, exc)
-    for ddl in LEGACY_TRIGGERS[name]:
+    triggers = LEGACY_TRIGGERS[name]
+    if _has_display_triggers():
+        # From the application's schema 30 on, the inline update triggers are its narrow
+        # ones: its display triggers update the row just inserted.
+        triggers = (*triggers[:2], NARROW_UPDATE_TRIGGER.format(name=f"{name}_update", index=name))
+    for ddl in triggers:
         op.execute(ddl)
 
 
 def downgrade() -> None:
+    if _application_layout():
+        _set_marker(None)  # the application's layout was never this revision's to change
+        return
     # A pending deferred backfill is abandoned: the inline indexes are rebuilt whole.
     if _has_fts5():
         for name in (WORD, TRIGRAM):
@@ -506,4 +598,4 @@ def downgrade() -> None:
                 _revert(name)
     op.execute("DELETE FROM state_meta WHERE key LIKE 'messages_fts%.backfill_%'")
     op.execute(f"DROP VIEW IF EXISTS {VIEW}")
-    op.execute("UPDATE schema_version SET version = 21")
+    _set_marker(None)

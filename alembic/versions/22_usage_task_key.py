@@ -1,0 +1,144 @@
+"""Put `task` into the key of session_model_usage, so usage is counted per task.
+
+Application schema 22. The application records token usage per (session, model, billing
+route, task): the main loop ('') apart from vision, compression or title generation. The
+table is rebuilt with `task TEXT NOT NULL DEFAULT ''` after `billing_mode` and the key
+extended by it; every existing row keeps its values with task ''. A table that already
+has `task` in its key (the application's own on-open repair got there first) is left as
+it is.
+
+Downgrade rebuilds the five-column key: rows that differ only by task are summed into
+one (their counters and costs added, first/last seen widened), so per-task detail is lost.
+
+Revision ID: 22
+Revises: 21
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from alembic import op
+
+revision: str = "22"
+down_revision: str | None = "21"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+SESSION_MODEL_USAGE_TABLE = """
+CREATE TABLE session_model_usage (
+    session_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    billing_provider TEXT NOT NULL DEFAULT '',
+    billing_base_url TEXT NOT NULL DEFAULT '',
+    billing_mode TEXT NOT NULL DEFAULT '',
+    task TEXT NOT NULL DEFAULT '',
+    api_call_count INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+    estimated_cost_usd REAL NOT NULL DEFAULT 0,
+    actual_cost_usd REAL NOT NULL DEFAULT 0,
+    cost_status TEXT,
+    cost_source TEXT,
+    first_seen REAL,
+    last_seen REAL,
+    PRIMARY KEY (session_id, model, billing_provider, billing_base_url, billing_mode, task),
+    FOREIGN KEY (session_id) REFERENCES sessions(id) ON DELETE CASCADE
+)
+"""
+COPY_ROWS = """
+INSERT INTO session_model_usage (
+    session_id, model, billing_provider, billing_base_url, billing_mode, task,
+    api_call_count, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+    reasoning_tokens, estimated_cost_usd, actual_cost_usd, cost_status, cost_source,
+    first_seen, last_seen
+)
+SELECT
+    session_id, model, billing_provider, billing_base_url, billing_mode, {task},
+    api_call_count, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+    reasoning_tokens, estimated_cost_usd, actual_cost_usd, cost_status, cost_source,
+    first_seen, last_seen
+FROM session_model_usage_before_22
+"""
+SESSION_MODEL_USAGE_SESSION_INDEX = (
+    "CREATE INDEX IF NOT EXISTS idx_session_model_usage_session ON session_model_usage(session_id)"
+)
+SESSION_MODEL_USAGE_MODEL_INDEX = (
+    "CREATE INDEX IF NOT EXISTS idx_session_model_usage_model ON session_model_usage(model)"
+)
+
+# The schema-21 table, repeated for the downgrade (revisions are frozen).
+SESSION_MODEL_USAGE_TABLE_21 = """
+CREATE TABLE session_model_usage (
+    session_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    billing_provider TEXT NOT NULL DEFAULT '',
+    billing_base_url TEXT NOT NULL DEFAULT '',
+    billing_mode TEXT NOT NULL DEFAULT '',
+    api_call_count INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+    estimated_cost_usd REAL NOT NULL DEFAULT 0,
+    actual_cost_usd REAL NOT NULL DEFAULT 0,
+    cost_status TEXT,
+    cost_source TEXT,
+    first_seen REAL,
+    last_seen REAL,
+    PRIMARY KEY (session_id, model, billing_provider, billing_base_url, billing_mode),
+    FOREIGN KEY (session_id) REFERENCES sessions(id) ON DELETE CASCADE
+)
+"""
+MERGE_TASKS = """
+INSERT INTO session_model_usage (
+    session_id, model, billing_provider, billing_base_url, billing_mode,
+    api_call_count, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+    reasoning_tokens, estimated_cost_usd, actual_cost_usd, cost_status, cost_source,
+    first_seen, last_seen
+)
+SELECT
+    session_id, model, billing_provider, billing_base_url, billing_mode,
+    sum(api_call_count), sum(input_tokens), sum(output_tokens), sum(cache_read_tokens),
+    sum(cache_write_tokens), sum(reasoning_tokens), sum(estimated_cost_usd),
+    sum(actual_cost_usd), max(cost_status), max(cost_source), min(first_seen), max(last_seen)
+FROM session_model_usage_before_22
+GROUP BY session_id, model, billing_provider, billing_base_url, billing_mode
+"""
+
+
+def _key_columns() -> set[str]:
+    rows = op.get_bind().exec_driver_sql("PRAGMA table_info(session_model_usage)")
+    return {row[1] for row in rows if row[5]}
+
+
+def _all_columns() -> set[str]:
+    rows = op.get_bind().exec_driver_sql("PRAGMA table_info(session_model_usage)")
+    return {row[1] for row in rows}
+
+
+def upgrade() -> None:
+    if "task" not in _key_columns():
+        # `task` may exist outside the key: the application's reconciler adds the column.
+        task = "COALESCE(task, '')" if "task" in _all_columns() else "''"
+        op.execute("ALTER TABLE session_model_usage RENAME TO session_model_usage_before_22")
+        op.execute(SESSION_MODEL_USAGE_TABLE)
+        op.execute(COPY_ROWS.format(task=task))
+        op.execute("DROP TABLE session_model_usage_before_22")
+        op.execute(SESSION_MODEL_USAGE_SESSION_INDEX)
+        op.execute(SESSION_MODEL_USAGE_MODEL_INDEX)
+    op.execute("UPDATE schema_version SET version = 22")
+
+
+def downgrade() -> None:
+    op.execute("ALTER TABLE session_model_usage RENAME TO session_model_usage_before_22")
+    op.execute(SESSION_MODEL_USAGE_TABLE_21)
+    op.execute(MERGE_TASKS)
+    op.execute("DROP TABLE session_model_usage_before_22")
+    op.execute(SESSION_MODEL_USAGE_SESSION_INDEX)
+    op.execute(SESSION_MODEL_USAGE_MODEL_INDEX)
+    op.execute("UPDATE schema_version SET version = 21")
