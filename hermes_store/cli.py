@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -539,7 +539,8 @@ def _backfill_bar(show: bool) -> Callable[[backfill.BackfillProgress], None]:
     "--repair",
     "repair_",
     is_flag=True,
-    help="Rebuild every FTS index whose check fails (after a backup), then check again.",
+    help="Restore the search mechanism and rebuild every FTS index whose check fails "
+    "(after a backup), then check again.",
 )
 @click.option(
     "--backup",
@@ -564,11 +565,14 @@ def check(
     deferred: bool,
     as_json: bool,
 ) -> None:
-    """Run PRAGMA integrity_check and the FTS5 integrity checks; exit 1 when broken.
+    """Run PRAGMA integrity_check, the search mechanism and FTS5 checks; exit 1 when broken.
 
-    With --repair, an FTS index whose check fails is rebuilt from what it indexes (after
-    a consistent backup of the store), and the checks run again: exit 0 only when they
-    pass. Damage that PRAGMA integrity_check reports is not repaired.
+    The search mechanism is the view and the six triggers that keep the indexes in step
+    with the messages: each one missing, re-created by the Hermes application's FTS
+    recovery with its inline-layout body, or otherwise different is named. With --repair
+    (after a consistent backup of the store) they are restored, every FTS index they fed or
+    whose check fails is rebuilt from what it indexes, and the checks run again: exit 0
+    only when they pass. Damage that PRAGMA integrity_check reports is not repaired.
 
     \b
     Example:
@@ -619,20 +623,35 @@ def check(
         click.echo(f"not repaired: {repaired.refused}", err=True)
     if not result.ok:
         if not as_json:
+            # Objects broken the same way share one cause: "a, b (cause); c (other cause)".
+            causes: dict[str, list[str]] = {}
+            for name, problem in result.problems.items():
+                causes.setdefault(problem, []).append(name)
             summary = "; ".join(
-                f"{name} ({_shorten(problem)})" for name, problem in result.problems.items()
+                f"{', '.join(names)} ({_shorten(problem)})" for problem, names in causes.items()
             )
             click.echo(f"broken: {summary}", err=True)
         sys.exit(1)
 
 
+def _width(*names: Iterable[str]) -> int:
+    """The first column's width: 28, or more for a long name (trigger names)."""
+    return max([28, *(len(name) + 1 for group in names for name in group)])
+
+
 def _print_check(result: CheckResult) -> None:
+    # The search mechanism's objects are listed only when wrong ("trigger messages_fts_delete").
+    mechanism = [item for item in result.problems if item != "database"]
+    mechanism = [item for item in mechanism if item not in result.checked]
+    width = _width(result.checked, mechanism, result.skipped)
     for item in result.checked:
         # The PRAGMA's problems are filed under "database".
         problem = result.problems.get("database" if item.startswith("PRAGMA") else item)
-        click.echo(f"{item:<28} {'BROKEN: ' + problem if problem else 'ok'}")
+        click.echo(f"{item:<{width}} {'BROKEN: ' + problem if problem else 'ok'}")
+    for item in mechanism:
+        click.echo(f"{item:<{width}} BROKEN: {result.problems[item]}")
     for item, reason in result.skipped.items():
-        click.echo(f"{item:<28} not checked: {reason}")
+        click.echo(f"{item:<{width}} not checked: {reason}")
 
 
 def _print_repair(repaired: RepairResult) -> None:
@@ -641,9 +660,12 @@ def _print_repair(repaired: RepairResult) -> None:
         return
     if repaired.backup is not None:
         click.echo(f"backup of the store before the repair: {repaired.backup}")
+    width = _width(repaired.restored, repaired.repaired)
+    for item, was in repaired.restored.items():
+        click.echo(f"{item:<{width}} restored from this package's definition (it was: {was})")
     for index, how in repaired.repaired.items():
-        click.echo(f"{index:<28} repaired: {how}")
-    if repaired.repaired:
+        click.echo(f"{index:<{width}} repaired: {how}")
+    if repaired.repaired or repaired.restored:
         click.echo("checks after the repair:")
 
 
@@ -656,6 +678,21 @@ def _highlight(snippet: str, color: bool) -> str:
     if not color:
         return snippet
     return snippet.replace(">>>", "\x1b[1;33m").replace("<<<", "\x1b[0m")
+
+
+@contextlib.contextmanager
+def _degraded_said_once() -> Iterator[None]:
+    """Keep the library's warning of a degraded search off stderr: `search` says it itself."""
+    logger = logging.getLogger(search_messages.__module__)
+
+    def quiet(record: logging.LogRecord) -> bool:
+        return record.levelno != logging.WARNING
+
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 @main.command()
@@ -690,7 +727,7 @@ def search(
     Example:
       hermes-store search "docker compose" --source telegram --limit 5
     """
-    with operator_errors():
+    with operator_errors(), _degraded_said_once():
         engine = open_existing(db)
         with engine.connect() as conn:
             hits = search_messages(
@@ -703,6 +740,8 @@ def search(
                 sort=None if sort == "rank" else sort,
                 include_inactive=include_inactive,
             )
+    if hits.degraded:
+        click.echo(f"Warning: {hits.degraded}", err=True)
     if as_json:
         _emit(hits)
         return

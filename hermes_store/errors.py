@@ -45,3 +45,7 @@ class UnsafePath(StoreError):
 
 class BackupExists(StoreError):
     """The backup destination already exists and overwriting it was not asked for."""
+
+
+class UnsupportedLayout(StoreError):
+    """The store's search indexes are in a layout this package does not search."""

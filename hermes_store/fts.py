@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store.engine import translate_error
+from hermes_store.revisions import fts_head
 
 log = logging.getLogger(__name__)
 
@@ -203,3 +206,268 @@ def repair_index(conn: Connection, name: str) -> str:
         return f"rebuilt from {SOURCE_VIEW}"
     reindex_from_messages(conn, name)
     return "re-indexed from messages (inline layout)"
+
+
+# -- the search mechanism: the view, both declarations and the six triggers -----------------
+# What they must be is read from the newest revision of the FTS branch (`fts_head()`), never
+# copied here. The Hermes application's FTS "recovery" (after an open on a SQLite without
+# FTS5 dropped the triggers) re-creates the triggers with their INLINE-layout bodies and
+# refills the indexes with `DELETE FROM` + `INSERT ... SELECT`: on external content both
+# damage the index, and so does every later delete or update through those triggers.
+
+#: Why one object of the search mechanism is wrong.
+MISSING = "missing"
+INLINE_BODY = "inline-layout body (the Hermes application's FTS recovery re-created it)"
+DIFFERS = "differs from this package's definition"
+
+_CREATED = re.compile(
+    r"\s*CREATE\s+(?:VIRTUAL\s+)?(?:TABLE|VIEW|TRIGGER)\s+(?:IF\s+NOT\s+EXISTS\s+)?([\w\"'`\[\]]+)",
+    re.IGNORECASE,
+)
+_IF_NOT_EXISTS = re.compile(r"^(CREATE (?:VIRTUAL )?(?:TABLE|VIEW|TRIGGER)) IF NOT EXISTS ", re.I)
+_SCHEMA_OBJECTS = (
+    "SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger')"
+)
+
+
+def normalise_sql(sql: str) -> str:
+    """DDL as compared here: whitespace runs collapsed, no `IF NOT EXISTS`, no final `;`."""
+    return _IF_NOT_EXISTS.sub(r"\1 ", " ".join(sql.split()).rstrip(";").rstrip())
+
+
+def _created_name(sql: str) -> str:
+    """The name a CREATE statement gives its object."""
+    match = _CREATED.match(sql)
+    if match is None:
+        raise ValueError(f"not a CREATE TABLE / VIEW / TRIGGER statement: {sql[:60]!r}")
+    return match.group(1).strip("\"'`[]")
+
+
+@dataclass(frozen=True)
+class SearchObject:
+    """One object of the search mechanism, as the FTS branch's newest revision creates it."""
+
+    kind: str  # 'view', 'table' (an FTS5 declaration) or 'trigger'
+    name: str
+    sql: str
+    #: The index it writes or declares; None for the view, which both indexes read.
+    index: str | None = None
+    #: For a trigger: the inline-layout body the legacy application gives that name.
+    legacy_sql: str | None = None
+
+    @property
+    def label(self) -> str:
+        """How checks and repairs name it: ``"trigger messages_fts_delete"``."""
+        return f"{self.kind} {self.name}"
+
+
+@functools.cache
+def head_objects() -> tuple[SearchObject, ...]:
+    """The view, then each index's declaration and three triggers, from `fts_head()`."""
+    head = fts_head()
+    objects = [SearchObject("view", str(head.VIEW), str(head.MESSAGES_FTS_SOURCE_VIEW))]
+    for index in INDEXES:
+        objects.append(SearchObject("table", index, str(head.EXTERNAL_TABLES[index]), index))
+        ddl = {_created_name(sql): str(sql) for sql in head.EXTERNAL_TRIGGERS[index]}
+        legacy = {_created_name(sql): str(sql) for sql in head.LEGACY_TRIGGERS[index]}
+        for name in head.TRIGGER_NAMES[index]:
+            objects.append(SearchObject("trigger", name, ddl[name], index, legacy.get(name)))
+    return tuple(objects)
+
+
+@dataclass
+class MechanismCheck:
+    """How a store's search mechanism compares with the FTS branch's newest revision."""
+
+    #: Why nothing was checked (the indexes are not in this package's layout), else None.
+    skipped: str | None = None
+    #: ``"<kind> <name>"`` -> MISSING, INLINE_BODY or DIFFERS.
+    problems: dict[str, str] = field(default_factory=dict)
+    #: The indexes this store must have, word index first.
+    expected: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every object is as this package defines it (or nothing was checked)."""
+        return not self.problems
+
+    def problems_of(self, index: str) -> dict[str, str]:
+        """The problems of the objects that write or declare ``index``."""
+        objects = {obj.label: obj for obj in head_objects()}
+        return {label: why for label, why in self.problems.items() if objects[label].index == index}
+
+    def damaged(self) -> dict[str, str]:
+        """Index -> why search cannot use it; every index when the view is wrong."""
+        view = head_objects()[0].label
+        damaged: dict[str, str] = {}
+        for index in self.expected:
+            found = self.problems_of(index)
+            if view in self.problems:
+                found = {view: self.problems[view], **found}
+            if found:
+                label, why = next(iter(found.items()))
+                more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+                damaged[index] = f"{label}: {why}{more}"
+        return damaged
+
+
+def has_trigram(conn: Connection) -> bool:
+    """True when this SQLite has FTS5's trigram tokenizer (probed on a temporary table)."""
+    savepoint = conn.begin_nested() if conn.in_transaction() else conn.begin()
+    try:
+        conn.exec_driver_sql(
+            "CREATE VIRTUAL TABLE temp.hermes_trigram_probe USING fts5(x, tokenize='trigram')"
+        )
+    except DBAPIError:
+        return False
+    finally:
+        savepoint.rollback()
+    return True
+
+
+def _is_external(sql: str | None) -> bool:
+    return f"content='{SOURCE_VIEW}'" in (sql or "").replace(" ", "").lower()
+
+
+def _compare(obj: SearchObject, found: tuple[str, str | None] | None) -> str | None:
+    """Why the object found under ``obj.name`` is wrong, or None when it is right."""
+    if found is None:
+        return MISSING
+    kind, sql = found
+    if kind != obj.kind or sql is None:
+        return DIFFERS
+    actual = normalise_sql(sql)
+    if actual == normalise_sql(obj.sql):
+        return None
+    if obj.kind == "trigger" and (
+        (obj.legacy_sql is not None and actual == normalise_sql(obj.legacy_sql))
+        or re.search(rf"\bDELETE FROM {obj.index} WHERE rowid\b", actual, re.IGNORECASE)
+    ):
+        return INLINE_BODY
+    return DIFFERS
+
+
+def check_mechanism(conn: Connection, *, probe_trigram: bool = True) -> MechanismCheck:
+    """Compare the view, both declarations and the six triggers with `fts_head()`'s DDL.
+
+    Only stores in this package's external layout are checked: inline (legacy) indexes and
+    the Hermes application's own newer layout are skipped, with the reason. The trigram
+    index and its triggers are expected when the store has that index or, with
+    ``probe_trigram``, when this SQLite has the trigram tokenizer.
+    """
+    master: dict[str, tuple[str, str | None]] = {
+        str(name): (str(kind), None if sql is None else str(sql))
+        for kind, name, sql in conn.execute(text(_SCHEMA_OBJECTS))
+    }
+    meta: dict[str, str] = {}
+    if "state_meta" in master:
+        meta = {
+            str(key): str(value)
+            for key, value in conn.execute(
+                text("SELECT key, value FROM state_meta WHERE key IN (:ours, :theirs)"),
+                {"ours": LAYOUT_MARKER, "theirs": APPLICATION_MARKER},
+            )
+        }
+    if is_application_layout(conn):
+        return MechanismCheck(
+            skipped="the indexes are in the Hermes application's own layout, not this "
+            "package's; its search mechanism was not checked"
+        )
+    objects = head_objects()
+    ours = (
+        meta.get(LAYOUT_MARKER) == "external"
+        or objects[0].name in master
+        or _is_external(master.get(WORD_INDEX, ("", None))[1])
+    )
+    present = [name for name in INDEXES if master.get(name, ("", None))[0] == "table"]
+    if not ours:
+        state = "inline (legacy, not upgraded)" if present else "absent"
+        return MechanismCheck(
+            skipped=f"the search indexes are {state}: this package's search mechanism is not "
+            "installed, so it was not checked"
+        )
+    if not present:
+        return MechanismCheck(
+            skipped="the store has no search index (upgraded on a SQLite without FTS5); "
+            "nothing to check"
+        )
+    trigram = TRIGRAM_INDEX in present or (probe_trigram and has_trigram(conn))
+    result = MechanismCheck(expected=[WORD_INDEX, *([TRIGRAM_INDEX] if trigram else [])])
+    for obj in objects:
+        if obj.index is not None and obj.index not in result.expected:
+            continue
+        problem = _compare(obj, master.get(obj.name))
+        if problem is not None:
+            result.problems[obj.label] = problem
+    return result
+
+
+@dataclass
+class MechanismRestore:
+    """What :func:`restore_mechanism` re-created and rebuilt."""
+
+    #: Why nothing was done (the indexes are not in this package's layout), else None.
+    skipped: str | None = None
+    #: ``"<kind> <name>"`` -> what was wrong with it before it was re-created.
+    restored: dict[str, str] = field(default_factory=dict)
+    #: Index -> how and why it was rebuilt.
+    rebuilt: dict[str, str] = field(default_factory=dict)
+    #: Index -> why it must be refilled, left to the caller (``rebuild=False`` or excluded).
+    to_refill: dict[str, str] = field(default_factory=dict)
+
+
+def _drop(conn: Connection, name: str) -> None:
+    """Drop whatever object has that name (a trigger, a view or a table), if any."""
+    row = conn.execute(
+        text("SELECT type FROM sqlite_master WHERE name = :name"), {"name": name}
+    ).first()
+    if row is not None and str(row[0]) in ("trigger", "view", "table"):
+        conn.exec_driver_sql(f'DROP {str(row[0]).upper()} "{name}"')
+
+
+def restore_mechanism(
+    conn: Connection, *, rebuild: bool = True, exclude: Collection[str] = ()
+) -> MechanismRestore:
+    """Re-create what :func:`check_mechanism` finds wrong from `fts_head()`'s DDL; rebuild.
+
+    Runs in the caller's write transaction. Wrong objects are dropped (triggers first) and
+    created again: the view, a wrong declaration (its index is refilled: the text lives in
+    `messages`), then the triggers. Every index whose triggers or declaration were wrong, or
+    whose FTS5 integrity check (rank 1) fails afterwards, is rebuilt from the view (FTS5
+    'rebuild', exact whatever the index held) and merged ('optimize'). Indexes in
+    ``exclude`` (a deferred backfill pending) are not checked; those of them, and with
+    ``rebuild=False`` all of them, that need refilling are returned in ``to_refill``.
+    """
+    check = check_mechanism(conn)
+    outcome = MechanismRestore(skipped=check.skipped)
+    if check.skipped is not None:
+        log.debug("restore: %s", check.skipped)
+        return outcome
+    wrong = [obj for obj in head_objects() if obj.label in check.problems]
+    for kind in ("trigger", "view", "table"):
+        for obj in wrong:
+            if obj.kind == kind:
+                _drop(conn, obj.name)
+    for kind in ("view", "table", "trigger"):
+        for obj in wrong:
+            if obj.kind == kind:
+                conn.exec_driver_sql(obj.sql)
+                was = outcome.restored[obj.label] = check.problems[obj.label]
+                log.info("restore: re-created %s (it was: %s)", obj.label, was)
+    reasons: dict[str, str] = {}
+    for index in check.expected:
+        problems = check.problems_of(index)
+        if problems:
+            reasons[index] = "after restoring " + ", ".join(problems)
+        elif index not in exclude:
+            error = check_index(conn, index)
+            if error is not None:
+                reasons[index] = f"its integrity check failed: {error}"
+    for index, reason in reasons.items():
+        if rebuild and index not in exclude:
+            rebuild_index(conn, index)
+            outcome.rebuilt[index] = f"rebuilt from {SOURCE_VIEW} {reason}"
+            log.info("restore: %s rebuilt from %s %s", index, SOURCE_VIEW, reason)
+        else:
+            outcome.to_refill[index] = reason
+    return outcome

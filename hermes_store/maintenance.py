@@ -22,11 +22,13 @@ from hermes_store.errors import StoreError
 from hermes_store.fts import (
     INDEXES,
     CheckResult,
+    check_mechanism,
     index_layout,
     integrity_check,
     optimize_index,
     present_indexes,
     repair_index,
+    restore_mechanism,
 )
 
 log = logging.getLogger(__name__)
@@ -157,11 +159,15 @@ def optimize(
 
 
 def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
-    """`PRAGMA integrity_check` (or quick_check) plus every FTS5 index's integrity check.
+    """`PRAGMA integrity_check` (or quick_check), the search mechanism, every FTS5 index.
 
-    Indexes a deferred backfill has not filled yet are skipped, with the reason. A lock
-    held past the busy timeout or a read-only store raises StoreBusy / StoreReadOnly
-    (from :func:`fts.check_index`) instead of reporting the indexes as broken.
+    The search mechanism (view, declarations, triggers of an external-layout store) is
+    compared with the FTS branch's newest revision; each wrong object is a problem named
+    ``"<kind> <name>"`` (for example ``"trigger messages_fts_delete"``), listed before the
+    index problems it causes. Indexes a deferred backfill has not filled yet are skipped,
+    with the reason. A lock held past the busy timeout or a read-only store raises
+    StoreBusy / StoreReadOnly (from :func:`fts.check_index`) instead of reporting the
+    indexes as broken.
     """
     skip = {
         item.index: f"deferred backfill pending ({rows_left(conn, item)} rows not indexed yet); "
@@ -169,6 +175,13 @@ def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
         for item in pending(conn)
     }
     result = integrity_check(conn, quick=quick, skip=skip)
+    mechanism = check_mechanism(conn)
+    if mechanism.skipped is not None:
+        log.debug("check: %s", mechanism.skipped)
+    if mechanism.problems:
+        database = {k: v for k, v in result.problems.items() if k == "database"}
+        indexes = {k: v for k, v in result.problems.items() if k != "database"}
+        result.problems = {**database, **mechanism.problems, **indexes}
     return result
 
 
@@ -180,6 +193,8 @@ class RepairResult:
     after: CheckResult
     #: Index -> how it was rebuilt.
     repaired: dict[str, str] = field(default_factory=dict)
+    #: Search-mechanism object (``"trigger messages_fts_delete"``) -> what was wrong with it.
+    restored: dict[str, str] = field(default_factory=dict)
     backup: Path | None = None
     #: Why nothing was repaired although the check failed, if so.
     refused: str | None = None
@@ -196,6 +211,7 @@ class RepairResult:
             "before": asdict(self.before),
             "after": asdict(self.after),
             "repaired": self.repaired,
+            "restored": self.restored,
             "backup": str(self.backup) if self.backup else None,
             "refused": self.refused,
         }
@@ -209,15 +225,19 @@ def repair(
     quick: bool = False,
     progress: Callable[[backfill.BackfillProgress], None] | None = None,
 ) -> RepairResult:
-    """Check the store; rebuild every FTS index whose check fails; check again.
+    """Check the store; restore its search mechanism; rebuild every broken index; check again.
 
-    Before anything is rebuilt, a consistent backup is written to ``backup_to`` (default
-    ``<store>.repair-<UTC time>.bak`` next to it). Each index is rebuilt from what it
-    indexes: an external-content index with FTS5 'rebuild' from the view, an inline one
-    re-indexed from `messages`, in one write transaction per index. ``deferred=True``
-    (external layout only, for large stores) instead empties the broken indexes in one
-    short transaction and fills them with the resumable backfill. Damage that the
-    database's own integrity_check reports is not repaired: nothing is written then.
+    Before anything is written, a consistent backup goes to ``backup_to`` (default
+    ``<store>.repair-<UTC time>.bak`` next to it). First the search mechanism of an
+    external-layout store is restored from the FTS branch's newest revision (the view, a
+    wrong declaration, every missing or wrong trigger) and every index it fed, or whose
+    check fails, is rebuilt from the view, all in one write transaction. Then any other
+    broken index is rebuilt from what it indexes (an inline one re-indexed from
+    `messages`), in one write transaction per index. ``deferred=True`` (external layout
+    only, for large stores) instead empties the indexes to refill in the same short
+    transaction and fills them with the resumable backfill; so are indexes whose deferred
+    backfill was pending. Damage that the database's own integrity_check reports is not
+    repaired: nothing is written then.
     """
     path = db_path(str(engine.url))
     require_writable(path)
@@ -231,29 +251,39 @@ def repair(
             "indexes, so nothing was written. Restore a backup (or try sqlite3 `.recover`)"
         )
         return result
-    if not broken:
+    if before.ok:
         return result
     writer = engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
     with sqlite_errors(path):
         if path is not None:
             result.backup = _repair_backup(engine, backup_to or default_backup_path(path, "repair"))
         with writer.connect() as conn:
-            if deferred:
-                with conn.begin():
-                    for name in broken:
+            with conn.begin():
+                waiting = {item.index for item in pending(conn)}
+                restore = restore_mechanism(conn, rebuild=not deferred, exclude=waiting)
+                result.restored = restore.restored
+                result.repaired.update(restore.rebuilt)
+                refill = list(restore.to_refill)
+                # Not this package's layout: each broken index is rebuilt on its own.
+                others = broken if restore.skipped is not None else []
+                if deferred:
+                    for name in others:
                         if index_layout(conn, name) != "external":
                             raise StoreError(
                                 f"{name} uses the inline layout: --deferred needs the "
                                 "external-content layout; run without --deferred, or upgrade"
                             )
-                        backfill.start(conn, name)
-                        result.repaired[name] = "emptied and refilled by the deferred backfill"
-            else:
-                for name in broken:
+                        refill.append(name)
+                for name in refill:
+                    backfill.start(conn, name)
+                    result.repaired[name] = "emptied and refilled by the deferred backfill"
+            for name in others:
+                if name not in result.repaired:
                     with conn.begin():
                         result.repaired[name] = repair_index(conn, name)
-                    log.info("repair: %s %s", name, result.repaired[name])
-        if deferred:
+            for name, how in result.repaired.items():
+                log.info("repair: %s %s", name, how)
+        if refill:
             backfill.run(engine, progress=progress)
         with engine.connect() as conn:
             result.after = check_store(conn, quick=quick)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import logging
 import re
+import sqlite3
 import unicodedata
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -30,8 +32,11 @@ from sqlalchemy import (
     table,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session
+
+from hermes_store import fts
+from hermes_store.errors import UnsupportedLayout
 
 __all__ = [
     "MAX_QUERY_CHARS",
@@ -39,6 +44,7 @@ __all__ = [
     "WORD_INDEX",
     "ContextMessage",
     "SearchHit",
+    "SearchResults",
     "contains_cjk",
     "count_cjk",
     "match_selectable",
@@ -153,6 +159,22 @@ class SearchHit(TypedDict):
     model: str | None
     session_started: float
     context: list[ContextMessage]
+
+
+class SearchResults(list[SearchHit]):
+    """The hits of :func:`search_messages`: a list, plus why they did not come from the index.
+
+    ``degraded`` is None normally. When the search index is damaged (its triggers or view
+    are not this package's, or SQLite reports it malformed) the hits come from an exact scan
+    of `messages` instead, and ``degraded`` says so in one line (ranking then only
+    approximates BM25 over the whole store).
+    """
+
+    degraded: str | None
+
+    def __init__(self, hits: Iterable[SearchHit] = (), degraded: str | None = None) -> None:
+        super().__init__(hits)
+        self.degraded = degraded
 
 
 @dataclass(frozen=True)
@@ -393,17 +415,24 @@ def _fetch_hits(
     sort: str | None,
     page: tuple[int, int],
     tables: set[str],
+    *,
+    scan: bool = False,
 ) -> list[dict[str, Any]] | None:
-    """Run one route; None when its index rejected the query (the caller decides what next)."""
+    """Run one route; None when its index rejected the query (the caller decides what next).
+
+    ``scan=True`` answers an FTS route without its index, by an exact scan of `messages`.
+    """
     limit, offset = page
     bounds = None
-    if route.index is not None and "state_meta" in tables:
+    if route.index is not None and "state_meta" in tables and not scan:
         bounds = _pending_range(conn, route.index)
     if bounds is not None:  # fetch the first pages whole, merge, then cut the page
         # A negative LIMIT is SQLite's "no limit" (and a negative OFFSET counts as 0).
         limit, offset = (-1 if limit < 0 else limit + max(offset, 0)), 0
-    statement = _results_select(route, filters, sort, limit, offset)
     try:
+        if scan:
+            return _scan_hits(conn, route, filters, sort, page)
+        statement = _results_select(route, filters, sort, limit, offset)
         rows = [dict(row) for row in conn.execute(statement).mappings().all()]
         if bounds is not None:
             extra = _pending_hits(conn, route, filters, bounds)
@@ -411,10 +440,11 @@ def _fetch_hits(
     except UnicodeEncodeError:  # lone surrogates cannot be bound: nothing can match them
         log.debug("search: query or filter not encodable as UTF-8; no results")
         return []
-    except OperationalError as exc:
+    except (OperationalError, sqlite3.OperationalError) as exc:
         if route.index is None:
             raise
-        log.debug("search: %s rejected the query (%s)", route.index, type(exc.orig).__name__)
+        error = exc.orig if isinstance(exc, OperationalError) else exc
+        log.debug("search: %s rejected the query (%s)", route.index, type(error).__name__)
         return None
     return rows
 
@@ -548,31 +578,88 @@ def _pending_hits(
             raw.create_function(_PENDING_MATCH, 1, None)
     if not rows:
         return []
-    pending = table(_PENDING_TABLE, column("rowid", Integer), column("rank", Float))
-    conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{_PENDING_TABLE}")
-    conn.exec_driver_sql(
-        f"CREATE VIRTUAL TABLE temp.{_PENDING_TABLE} USING fts5(content{_TOKENIZERS[route.index]})"
-    )
-    try:
-        conn.exec_driver_sql(
-            f"INSERT INTO temp.{_PENDING_TABLE}(rowid, content) VALUES (?, ?)",
-            [tuple(row) for row in rows],
-        )
-        snippet = literal_column(f"snippet({_PENDING_TABLE}, 0, '>>>', '<<<', '...', 40)", String)
-        matches = literal_column(_PENDING_TABLE).op("MATCH")(
-            bindparam("match", route.match, String, unique=True)
-        )
+    matched = {
+        int(rowid): (rank, snippet)
+        for rowid, rank, snippet in _match_apart(route, [(int(i), text) for i, text in rows])
+    }
+    hits: list[dict[str, Any]] = []
+    for chunk in _chunks(sorted(matched)):
         statement = (
-            select(_m.c.id, pending.c.rank.label("rank"), snippet.label("snippet"))
-            .select_from(
-                pending.join(_m, _m.c.id == pending.c.rowid).join(_s, _s.c.id == _m.c.session_id)
-            )
-            .where(matches)
-            .add_columns(*_RESULT_COLUMNS)
+            select(_m.c.id, *_RESULT_COLUMNS)
+            .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
+            .where(_m.c.id.in_(chunk))
         )
-        return [dict(row) for row in conn.execute(statement).mappings()]
-    finally:
-        conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{_PENDING_TABLE}")
+        for row in conn.execute(statement).mappings():
+            rank, snippet = matched[row["id"]]
+            hits.append({"id": row["id"], "rank": rank, "snippet": snippet, **row})
+    return hits
+
+
+def _match_apart(route: _Route, rows: list[tuple[int, str]]) -> list[tuple[int, float, str]]:
+    """(id, rank, snippet) of the rows the route's MATCH selects, in a private FTS5 table.
+
+    The table lives in a connection of its own (same SQLite library, so the same
+    tokenizers, ranking and snippets): it never writes to the caller's connection, and
+    it works even in a transaction where a damaged index made FTS5 fail (SQLite then
+    refuses to create another FTS5 table until that transaction ends).
+    """
+    assert route.index is not None
+    with contextlib.closing(sqlite3.connect(":memory:")) as apart:
+        apart.execute(
+            f"CREATE VIRTUAL TABLE {_PENDING_TABLE} USING fts5(content{_TOKENIZERS[route.index]})"
+        )
+        apart.executemany(f"INSERT INTO {_PENDING_TABLE}(rowid, content) VALUES (?, ?)", rows)
+        return apart.execute(
+            f"SELECT rowid, rank, snippet({_PENDING_TABLE}, 0, '>>>', '<<<', '...', 40) "
+            f"FROM {_PENDING_TABLE} WHERE {_PENDING_TABLE} MATCH ?",
+            (route.match,),
+        ).fetchall()
+
+
+def _scan_hits(
+    conn: Connection, route: _Route, filters: _Filters, sort: str | None, page: tuple[int, int]
+) -> list[dict[str, Any]]:
+    """Every message an FTS route matches, by the pending-rows scan over all ids; one page."""
+    low, high = conn.execute(select(func.min(_m.c.id), func.max(_m.c.id))).one()
+    if high is None:
+        return []
+    extra = _pending_hits(conn, route, filters, (int(low) - 1, int(high)))
+    return _merge_pending([], extra, sort, *page)
+
+
+# -- a damaged search mechanism -------------------------------------------------------------
+# Checked once per schema change of the connection's database (the schema cookie), so a
+# normal search pays one PRAGMA; the verdict is kept with the DBAPI connection.
+_MECHANISM_CACHE = "hermes_store.search.damaged_indexes"
+
+
+def _damaged_indexes(conn: Connection) -> dict[str, str]:
+    """Index -> why its search mechanism cannot be trusted; {} when it can (the usual case).
+
+    Raises UnsupportedLayout on a store in the Hermes application's own layout.
+    """
+    cookie = int(conn.exec_driver_sql("PRAGMA schema_version").scalar_one())
+    cached = conn.info.get(_MECHANISM_CACHE)
+    if cached is None or cached[0] != cookie:
+        application = fts.is_application_layout(conn)
+        damaged = {} if application else fts.check_mechanism(conn, probe_trigram=False).damaged()
+        cached = (cookie, damaged, application)
+        conn.info[_MECHANISM_CACHE] = cached
+    if cached[2]:
+        raise UnsupportedLayout(
+            "this store's search indexes are in the Hermes application's own layout "
+            "(it moved them itself), which hermes-store does not search: use the agent's "
+            "search; `check`, `storage` and `optimize` work on it"
+        )
+    return dict(cached[1])
+
+
+def _degraded(index: str, why: str) -> str:
+    """The one-line warning of a search answered without its damaged index."""
+    return (
+        f"the search index {index} is damaged ({why}); results come from a slower scan of "
+        "the messages; run `hermes-store check --repair`"
+    )
 
 
 def _merge_pending(
@@ -670,18 +757,24 @@ def search_messages(
     offset: int = 0,
     sort: str | None = None,
     include_inactive: bool = False,
-) -> list[SearchHit]:
-    """Search message text exactly as the legacy application did (shared/spec/search.md)."""
+) -> SearchResults:
+    """Search message text exactly as the legacy application did (shared/spec/search.md).
+
+    Never answers wrongly without saying so: when the index a query needs is damaged, the
+    hits come from an exact scan of `messages`, one WARNING is logged and the result's
+    ``degraded`` says why (see :class:`SearchResults`).
+    """
     if not query or not query.strip():
-        return []
+        return SearchResults()
     sanitized = sanitize_query(query)
     if not sanitized:
-        return []
+        return SearchResults()
     connection = conn.connection() if isinstance(conn, Session) else conn
     tables = _fts_tables(connection)
-    if WORD_INDEX not in tables:  # FTS5 unavailable: the legacy store searches nothing
-        log.debug("search: no %s table; no results", WORD_INDEX)
-        return []
+    damaged = _damaged_indexes(connection)
+    if WORD_INDEX not in tables and WORD_INDEX not in damaged:
+        log.debug("search: no %s table; no results", WORD_INDEX)  # FTS5 unavailable
+        return SearchResults()
     route = _route(sanitized, trigram=TRIGRAM_INDEX in tables)
     filters = _Filters(
         include_inactive=include_inactive,
@@ -690,19 +783,31 @@ def search_messages(
         role_filter=role_filter,
     )
     order = _normalise_sort(sort)
-    rows = _fetch_hits(connection, route, filters, order, (limit, offset), tables)
+    page = (limit, offset)
+    degraded = None
+    if route.index is not None and route.index in damaged:
+        degraded = _degraded(route.index, damaged[route.index])
+    try:
+        rows = _fetch_hits(connection, route, filters, order, page, tables, scan=bool(degraded))
+    except DatabaseError as exc:  # 'database disk image is malformed' is no OperationalError
+        if type(exc) is not DatabaseError or route.index is None or degraded:
+            raise
+        degraded = _degraded(route.index, f"SQLite: {exc.orig}")
+        rows = _fetch_hits(connection, route, filters, order, page, tables, scan=True)
+    if degraded:
+        log.warning("search: %s", degraded)
     if rows is None and route.index == TRIGRAM_INDEX:  # trigram rejected it: LIKE scan
         route = _Route(None, "", route.like_tokens)
-        rows = _fetch_hits(connection, route, filters, order, (limit, offset), tables)
+        rows = _fetch_hits(connection, route, filters, order, page, tables)
     if not rows:  # None here: the word index rejected the query (FTS5 syntax error)
-        return []
+        return SearchResults(degraded=degraded)
     log.debug("search: %d hit(s) from %s", len(rows), route.index or "LIKE scan")
     try:
         contexts = _contexts(connection, [row["id"] for row in rows])
     except Exception:  # the contract: a failed context lookup leaves every hit with []
         log.debug("search: context lookup failed", exc_info=True)
         contexts = {}
-    return [
+    hits = (
         SearchHit(
             id=row["id"],
             session_id=row["session_id"],
@@ -716,4 +821,5 @@ def search_messages(
             context=contexts.get(row["id"], []),
         )
         for row in rows
-    ]
+    )
+    return SearchResults(hits, degraded=degraded)
