@@ -367,7 +367,8 @@ KILLS: list[tuple[str, float, tuple[str, ...]]] = [
     ("commit", 0.5, ()),
     ("commit", 0.9, ()),
     ("commit", 1.4, ()),
-    ("merging", 0.0, ("--duty", "1")),
+    # Straight to the merge: larger steps fill the rest fast, then it is killed merging.
+    ("merging", 0.0, ("--duty", "1", "--max-lock-ms", "200")),
     ("commit", 0.02, ()),
 ]
 
@@ -399,6 +400,8 @@ def test_kill_9_at_many_points_then_resume_loses_nothing(
             if not finished:
                 process.send_signal(signal.SIGKILL)
         finally:
+            if process.poll() is None:  # a failed wait above: never leave the child running
+                process.kill()
             process.wait(60)
             committed = commits.seen()
             commits.close()

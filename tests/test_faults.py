@@ -271,6 +271,21 @@ def application_writes(path: Path) -> None:
     assert len(hits) == 1
 
 
+def legacy_application_writes(path: Path) -> None:
+    """The same, written with plain sqlite3 as the Hermes application at schema 21 does
+    (the Store API writes the head schema; these stores stop at 21)."""
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn, conn:
+        conn.execute(
+            "INSERT INTO sessions (id, source, started_at) VALUES ('after-fault', 'cli', 1.0)"
+        )
+        conn.execute(
+            "INSERT INTO messages (session_id, role, content, timestamp) "
+            "VALUES ('after-fault', 'user', 'zanzibarquux after the fault', 2.0)"
+        )
+    hits = searchable_query(path, "zanzibarquux")
+    assert len(hits) == 1
+
+
 def searchable_query(path: Path, query: str) -> list[int]:
     engine = create_store_engine(path, create=False)
     try:
@@ -313,7 +328,7 @@ def test_upgrade_on_a_full_disk_fails_clearly_and_leaves_the_store_as_it_was(
                 assert fts_problems(path) == {}
                 assert scalar(path, "SELECT version FROM schema_version") == 21
                 filler.unlink()
-                application_writes(path)
+                legacy_application_writes(path)
                 assert fts_problems(path) == {}
                 # With space, it completes.
                 assert migrate.upgrade(str(path), app_version=21).layout_after == "external"
@@ -465,7 +480,7 @@ def test_a_page_limit_full_store_is_reported_and_rolled_back(
     page_limit(None)
     assert logical(path) == before
     assert fts_problems(path) == {}
-    application_writes(path)
+    (legacy_application_writes if store == "drifted" else application_writes)(path)
 
 
 # ======================================================================================

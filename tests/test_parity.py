@@ -136,9 +136,9 @@ def add_targeted_rows(path: Path) -> None:
             )
 
 
-def build_parity_store(path: Path) -> Path:
-    """A legacy store at 21 with the corpus and the targeted rows."""
-    build_legacy_store(path, 21)
+def build_parity_store(path: Path, version: int = 21) -> Path:
+    """A legacy store (at 21 unless said) with the corpus and the targeted rows."""
+    build_legacy_store(path, version)
     with contextlib.closing(sqlite3.connect(path)) as conn:
         corpus.populate(conn, corpus.generate(CORPUS_MESSAGES, CORPUS_SEED))
     add_targeted_rows(path)
@@ -368,6 +368,29 @@ def test_upgrade_keeps_every_search_answer(
     assert data_digest(store_copy) == digest
 
     assert differences(ALL_QUERIES, legacy_answers, run_queries(store_copy, ALL_QUERIES)) == []
+
+
+@pytest.fixture(scope="module")
+def legacy_store_30(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same rows in a store the schema-30 application left in the legacy layout."""
+    return build_parity_store(tmp_path_factory.mktemp("parity-30") / "legacy.db", 30)
+
+
+@pytest.mark.parametrize("x", [{}, {"fts_convert": "rebuild"}], ids=["in-place", "rebuild"])
+def test_a_store_at_schema_30_keeps_every_search_answer(
+    legacy_store_30: Path, tmp_path: Path, x: dict[str, str]
+) -> None:
+    store = clone(legacy_store_30, tmp_path / "state.db")
+    before = run_queries(store, ALL_QUERIES)
+    assert sum(map(len, before)) > 0
+    digest = data_digest(store)
+
+    result = migrate.upgrade(store, x=x)
+
+    assert (result.schema_before, result.schema_after) == (30, 30)
+    assert (result.layout_before, result.layout_after) == ("inline", "external")
+    assert data_digest(store) == digest
+    assert differences(ALL_QUERIES, before, run_queries(store, ALL_QUERIES)) == []
 
 
 @pytest.mark.parametrize("first", ["in-place", "rebuild"])
