@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import layouts, workloads
+from hermes_store.search import accept_search_objects
 
 
 @pytest.fixture(scope="module")
 def connections(store_set):
     engines = {layout: workloads.engine_for(store_set.base(layout)) for layout in layouts.LAYOUTS}
     conns = {layout: engine.connect() for layout, engine in engines.items()}
+    for layout in layouts.VARIANTS:  # deliberately not this package's trigram index
+        accept_search_objects(conns[layout])
     yield conns
     for conn in conns.values():
         conn.close()
