@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from hermes_store.engine import (
     check_side_files,
     create_store_engine,
     db_path,
+    make_private_dirs,
     resolve_url,
     side_files,
     sqlite_errors,
@@ -68,8 +70,10 @@ def backup_from(
     there is always refused.
     """
     target = Path(dest).expanduser().absolute()
+    _refuse_the_store(target, source)
     _check_destination(target, overwrite=overwrite)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(target.parent)
+    _remove_leftovers(target)
     partial = target.with_name(f".{target.name}.{os.getpid()}.{time.monotonic_ns()}.partial")
     try:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -87,6 +91,64 @@ def backup_from(
     size = target.stat().st_size
     log.info("backup written to %s (%d bytes)", target, size)
     return BackupResult(target, size)
+
+
+def _store_file(source: sqlite3.Connection) -> Path | None:
+    """The file of the connection's main database (None in memory)."""
+    for _seq, name, file in source.execute("PRAGMA database_list"):
+        if name == "main":
+            return Path(file) if file else None
+    return None
+
+
+def _refuse_the_store(target: Path, source: sqlite3.Connection) -> None:
+    """A backup can never land on the store, its -wal / -shm / -journal, or a link to them.
+
+    Renamed over the live store, a copy would replace the database the agent keeps writing
+    to (its commits would go to the unlinked file): refused whatever --overwrite-backup says.
+    """
+    store = _store_file(source)
+    if store is None:
+        return
+    for protected in (store, *side_files(store)):
+        same = target.resolve() == protected.resolve()
+        if not same and target.exists() and protected.exists():
+            same = os.path.samefile(target, protected)  # a hard link to it, too
+        if same:
+            raise UnsafePath(
+                f"{target} is the store's own file {protected.name}: a backup there would "
+                "destroy the store; choose a path outside it (nothing was changed)"
+            )
+
+
+#: `.{name}.{pid}.{ns}.partial`: the hidden file a backup is written to before its rename.
+_PARTIAL = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.\d+\.partial(?:-journal|-wal|-shm)?")
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Remove what a killed backup to ``target`` left: its hidden partial copies.
+
+    Only files of processes that no longer run: a backup under way keeps its own.
+    """
+    if not target.parent.is_dir():
+        return
+    for leftover in target.parent.iterdir():
+        match = _PARTIAL.fullmatch(leftover.name)
+        if match is None or match["name"] != target.name or _running(int(match["pid"])):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+            log.info("removed %s, left by an interrupted backup", leftover)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it runs
+        return True
+    return True
 
 
 def _check_destination(target: Path, *, overwrite: bool) -> None:

@@ -104,7 +104,7 @@ def resolve_url(explicit: str | os.PathLike[str] | None = None, *, create_home: 
         return to_url(env)
     home = hermes_home()
     if create_home:
-        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(home)
     return to_url(home / DB_FILENAME)
 
 
@@ -248,6 +248,20 @@ def sqlite_errors(path: Path | None) -> Iterator[None]:
         raise translated from exc
 
 
+def make_private_dirs(directory: Path) -> None:
+    """Create ``directory`` and its missing parents readable by their owner only (0700),
+    whatever the umask (``mkdir(mode=...)`` is masked by it)."""
+    missing = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for created in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            created.mkdir(mode=0o700)
+            created.chmod(0o700)
+
+
 def tighten_permissions(path: Path) -> None:
     """Make the store and its -wal / -shm / -journal files readable by their owner only."""
     for candidate in (path, *side_files(path)):
@@ -263,7 +277,7 @@ def tighten_permissions(path: Path) -> None:
 
 def create_private_file(path: Path) -> None:
     """Create an empty (valid, zero-page) database file with mode 0600 if none exists."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     with contextlib.suppress(FileExistsError):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.close(fd)
