@@ -313,8 +313,9 @@ def _hits_select(route: _Route, filters: _Filters) -> Select[*tuple[Any, ...]]:
         )
     # The LIKE scan: one condition per token, OR-joined. Compatibility quirk kept from the
     # legacy application: this path ignores the active/compacted visibility filter.
-    conditions = []
-    for token in route.like_tokens:
+    conditions: list[ColumnElement[bool]] = []
+    patterns = []
+    for token in dict.fromkeys(route.like_tokens):  # a repeated token adds nothing to an OR
         if "\x00" in token:
             # LIKE stops reading its pattern at a NUL: '%ab\x00c%' would match every text
             # ending in "ab". Compare the whole token instead, ASCII case folded like LIKE.
@@ -322,13 +323,24 @@ def _hits_select(route: _Route, filters: _Filters) -> Select[*tuple[Any, ...]]:
             columns = (_m.c.content, _m.c.tool_name, _m.c.tool_calls)
             conditions.append(or_(*(func.instr(func.lower(c), needle) > 0 for c in columns)))
             continue
-        pattern = bindparam("like", f"%{_escape_like(token)}%", String, unique=True)
+        patterns.append(f"%{_escape_like(token)}%")
+    if patterns:
+        # One row per pattern from a JSON array, not one OR per token: SQLite parses a
+        # chain of n ORs n deep and refuses an expression deeper than 1000 (334 short CJK
+        # tokens did), and one parameter whatever the number of tokens.
+        each = func.json_each(bindparam("patterns", json.dumps(patterns), String, unique=True))
+        pattern = each.table_valued("value").alias("pattern")
         conditions.append(
-            or_(
-                _m.c.content.like(pattern, escape="\\"),
-                _m.c.tool_name.like(pattern, escape="\\"),
-                _m.c.tool_calls.like(pattern, escape="\\"),
+            select(literal_column("1"))
+            .select_from(pattern)
+            .where(
+                or_(
+                    _m.c.content.like(pattern.c.value, escape="\\"),
+                    _m.c.tool_name.like(pattern.c.value, escape="\\"),
+                    _m.c.tool_calls.like(pattern.c.value, escape="\\"),
+                )
             )
+            .exists()
         )
     first = bindparam("first_token", route.like_tokens[0], String, unique=True)
     start: ColumnElement[Any] = func.max(

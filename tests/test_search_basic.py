@@ -236,6 +236,34 @@ def test_short_cjk_token_sends_the_whole_query_to_the_like_scan(conn: Connection
     assert ids(search_messages(conn, "数据库 OR です")) == [12, 11]
 
 
+def _short_cjk_tokens(count: int) -> list[str]:
+    """``count`` distinct two-character CJK tokens, "数据" among them."""
+    tokens = ["数据"]
+    code = 0x4E00
+    while len(tokens) < count:
+        token = chr(code) + chr(code + 1)
+        code += 2
+        if token not in tokens:
+            tokens.append(token)
+    return tokens
+
+
+@pytest.mark.parametrize("count", [340, 682])
+def test_hundreds_of_short_cjk_tokens_answer_like_one_or_of_them(
+    conn: Connection, count: int
+) -> None:
+    """A flat OR per token was an expression deeper than SQLite's limit (1000) from 334 on."""
+    tokens = _short_cjk_tokens(count)
+    query = " ".join(tokens)
+    assert len(query) <= 2048  # an accepted query: the contract keeps 2048 characters
+
+    hits = search_messages(conn, query)
+
+    # The same answer as the LIKE scan of the tokens that occur in this store.
+    assert ids(hits) == ids(search_messages(conn, "数据")) == [13, 12, 11]
+    assert ids(search_messages(conn, " ".join(["数据"] * 600))) == [13, 12, 11]
+
+
 def test_like_scan_escapes_wildcards(conn: Connection) -> None:
     assert ids(search_messages(conn, "数_据")) == [14]  # "_" is literal: row 20's "数y据" is no hit
     assert ids(search_messages(conn, "%据")) == [14]
