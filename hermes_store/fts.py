@@ -364,8 +364,8 @@ def check_mechanism(conn: Connection, *, probe_trigram: bool = True) -> Mechanis
         meta = {
             str(key): str(value)
             for key, value in conn.execute(
-                text("SELECT key, value FROM state_meta WHERE key IN (:ours, :theirs)"),
-                {"ours": LAYOUT_MARKER, "theirs": APPLICATION_MARKER},
+                text("SELECT key, value FROM state_meta WHERE key = :ours"),
+                {"ours": LAYOUT_MARKER},
             )
         }
     if is_application_layout(conn):

@@ -426,12 +426,6 @@ def _add_missing(connection: Connection, reference: dict[str, dict[str, Any]]) -
     return added
 
 
-def prepare(url: str | None = None) -> tuple[str, StoreState]:
-    """Resolve the URL and classify the file before anything writes to it."""
-    resolved = resolve_url(url)
-    return resolved, inspect_file(db_path(resolved))
-
-
 @dataclass(frozen=True)
 class UpgradeResult:
     """What one upgrade did: revisions, application schema and search layout before and after."""
@@ -630,11 +624,18 @@ def _writer(
     app_version: int | None,
     backup_to: str | os.PathLike[str] | None,
     overwrite_backup: bool,
+    *,
+    existing: bool = False,
 ) -> Iterator[tuple[Connection, StoreState, Prepared]]:
     """Classify the store once (read-only), then hold one connection that takes the write
-    lock at each BEGIN, with the backup taken and the store adopted or restamped on it."""
+    lock at each BEGIN, with the backup taken and the store adopted or restamped on it.
+
+    ``existing=True`` refuses a store that does not exist yet instead of creating it.
+    """
     path = db_path(resolved)
     state = inspect_file(path)
+    if existing and state.kind == "new":
+        raise StoreNotFound(f"{path}: nothing to downgrade, the store does not exist")
     _refuse_going_back(state, app_version)
     require_writable(path)
     engine = create_store_engine(resolved)
@@ -679,9 +680,7 @@ def downgrade(
 ) -> tuple[str | None, str | None]:
     """Run ``alembic downgrade`` on a store; return (from, to) revisions."""
     resolved = resolve_url(url)
-    if inspect_file(db_path(resolved)).kind == "new":
-        raise StoreNotFound(f"{db_path(resolved)}: nothing to downgrade, the store does not exist")
-    with _writer(resolved, None, backup_to, overwrite_backup) as (conn, _, _):
+    with _writer(resolved, None, backup_to, overwrite_backup, existing=True) as (conn, _, _):
         before = current_revision(conn)
         command.downgrade(alembic_config(resolved, connection=conn, x=x), revision)
         _settle(conn)
@@ -802,7 +801,6 @@ __all__ = [
     "head_revision",
     "inspect_file",
     "parse_app_version",
-    "prepare",
     "prepare_store",
     "restamp_misstamped",
     "run_env",
