@@ -51,7 +51,6 @@ from hermes_store.revisions import (
     FIRST_APP_VERSION,
     FTS_EXTERNAL_REVISION,
     LAST_APP_VERSION,
-    PROJECT_ROOT,
     fts_head_revision,
     head_revision,
     require_script_location,
@@ -111,10 +110,8 @@ def alembic_config(
     ``x`` are the options revisions read with ``context.get_x_argument`` (fts_convert,
     fts_backfill, hermes_home); the upgrade workflow itself takes no ``-x`` detour.
     """
-    location = require_script_location()
-    ini = PROJECT_ROOT / "alembic.ini"
-    cfg = Config(str(ini) if ini.is_file() else None)
-    cfg.set_main_option("script_location", str(location))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(require_script_location()))
     x_args = dict(x or {})
     if url is not None:
         x_args["db"] = url

@@ -8,6 +8,7 @@ newest revision creates, never a second copy that could drift from it.
 from __future__ import annotations
 
 import functools
+from importlib import resources
 from pathlib import Path
 from types import ModuleType
 
@@ -15,8 +16,11 @@ from alembic.script import ScriptDirectory
 
 from hermes_store.errors import StoreError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-SCRIPT_LOCATION = PROJECT_ROOT / "alembic"
+#: Where Alembic finds the revisions, as a package resource ("package:folder"): the
+#: project's top-level `alembic/` folder, shipped inside the package as
+#: `hermes_store/migrations` (a symbolic link to it in the source tree), so that an installed
+#: wheel finds them wherever it is run from.
+SCRIPT_LOCATION = "hermes_store:migrations"
 
 #: The application's schema versions this package has revisions for (ids "17" .. "30").
 FIRST_APP_VERSION = 17
@@ -29,13 +33,14 @@ FTS_EXTERNAL_REVISION = "fts1"
 
 
 def require_script_location() -> Path:
-    """The revisions folder, or a StoreError that says how to get it."""
-    if not (SCRIPT_LOCATION / "env.py").is_file():
+    """The revisions folder, found as a package resource, or a StoreError that says why not."""
+    folder = resources.files("hermes_store") / "migrations"
+    if not isinstance(folder, Path) or not (folder / "env.py").is_file():
         raise StoreError(
-            f"the Alembic revisions were not found at {SCRIPT_LOCATION}; install hermes-store "
-            "from its source tree (`pip install -e .`)"
+            f"the Alembic revisions of hermes-store were not found in its package ({folder}); "
+            "reinstall it (`pip install --force-reinstall hermes-store`)"
         )
-    return SCRIPT_LOCATION
+    return folder
 
 
 @functools.cache
