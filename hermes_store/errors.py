@@ -49,3 +49,15 @@ class BackupExists(StoreError):
 
 class UnsupportedLayout(StoreError):
     """The store's search indexes are in a layout this package does not search."""
+
+
+class SessionNotFound(StoreError):
+    """The session id given to a write does not exist in the store."""
+
+
+class SessionExists(StoreError):
+    """A session with the id given to create_session is already in the store."""
+
+
+class TitleTaken(StoreError):
+    """Another session already has the title given (titles are unique when set)."""

@@ -4,8 +4,6 @@ FTS5 tables, the view and the triggers are raw DDL in the revisions."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from sqlalchemy import (
     BLOB,
     INTEGER,
@@ -21,7 +19,7 @@ from sqlalchemy import (
     literal_column,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
 
 ZERO = text("0")
 EMPTY = text("''")
@@ -43,46 +41,46 @@ class AgentSession(Base):
 
     id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
     source: Mapped[str] = mapped_column(TEXT, nullable=False)
-    user_id: Mapped[Optional[str]] = mapped_column(TEXT)
-    session_key: Mapped[Optional[str]] = mapped_column(TEXT)
-    chat_id: Mapped[Optional[str]] = mapped_column(TEXT)
-    chat_type: Mapped[Optional[str]] = mapped_column(TEXT)
-    thread_id: Mapped[Optional[str]] = mapped_column(TEXT)
-    display_name: Mapped[Optional[str]] = mapped_column(TEXT)
-    origin_json: Mapped[Optional[str]] = mapped_column(TEXT)
-    expiry_finalized: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
-    model: Mapped[Optional[str]] = mapped_column(TEXT)
-    model_config: Mapped[Optional[str]] = mapped_column(TEXT)
-    system_prompt: Mapped[Optional[str]] = mapped_column(TEXT)
-    parent_session_id: Mapped[Optional[str]] = mapped_column(TEXT, ForeignKey("sessions.id"))
+    user_id: Mapped[str | None] = mapped_column(TEXT)
+    session_key: Mapped[str | None] = mapped_column(TEXT)
+    chat_id: Mapped[str | None] = mapped_column(TEXT)
+    chat_type: Mapped[str | None] = mapped_column(TEXT)
+    thread_id: Mapped[str | None] = mapped_column(TEXT)
+    display_name: Mapped[str | None] = mapped_column(TEXT)
+    origin_json: Mapped[str | None] = mapped_column(TEXT)
+    expiry_finalized: Mapped[int | None] = mapped_column(INTEGER, server_default=ZERO)
+    model: Mapped[str | None] = mapped_column(TEXT)
+    model_config: Mapped[str | None] = mapped_column(TEXT)
+    system_prompt: Mapped[str | None] = mapped_column(TEXT)
+    parent_session_id: Mapped[str | None] = mapped_column(TEXT, ForeignKey("sessions.id"))
     started_at: Mapped[float] = mapped_column(REAL, nullable=False)
-    ended_at: Mapped[Optional[float]] = mapped_column(REAL)
-    end_reason: Mapped[Optional[str]] = mapped_column(TEXT)
-    message_count: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
-    tool_call_count: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
-    input_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
-    output_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
-    cache_read_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
-    cache_write_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
-    reasoning_tokens: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
-    cwd: Mapped[Optional[str]] = mapped_column(TEXT)
-    git_branch: Mapped[Optional[str]] = mapped_column(TEXT)
-    git_repo_root: Mapped[Optional[str]] = mapped_column(TEXT)
-    billing_provider: Mapped[Optional[str]] = mapped_column(TEXT)
-    billing_base_url: Mapped[Optional[str]] = mapped_column(TEXT)
-    billing_mode: Mapped[Optional[str]] = mapped_column(TEXT)
-    estimated_cost_usd: Mapped[Optional[float]] = mapped_column(REAL)
-    actual_cost_usd: Mapped[Optional[float]] = mapped_column(REAL)
-    cost_status: Mapped[Optional[str]] = mapped_column(TEXT)
-    cost_source: Mapped[Optional[str]] = mapped_column(TEXT)
-    pricing_version: Mapped[Optional[str]] = mapped_column(TEXT)
-    title: Mapped[Optional[str]] = mapped_column(TEXT)
-    api_call_count: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
-    handoff_state: Mapped[Optional[str]] = mapped_column(TEXT)
-    handoff_platform: Mapped[Optional[str]] = mapped_column(TEXT)
-    handoff_error: Mapped[Optional[str]] = mapped_column(TEXT)
-    compression_failure_cooldown_until: Mapped[Optional[float]] = mapped_column(REAL)
-    compression_failure_error: Mapped[Optional[str]] = mapped_column(TEXT)
+    ended_at: Mapped[float | None] = mapped_column(REAL)
+    end_reason: Mapped[str | None] = mapped_column(TEXT)
+    message_count: Mapped[int | None] = mapped_column(INTEGER, server_default=ZERO)
+    tool_call_count: Mapped[int | None] = mapped_column(INTEGER, server_default=ZERO)
+    input_tokens: Mapped[int | None] = mapped_column(INTEGER, server_default=ZERO)
+    output_tokens: Mapped[int | None] = mapped_column(INTEGER, server_default=ZERO)
+    cache_read_tokens: Mapped[int | None] = mapped_column(INTEGER, server_default=ZERO)
+    cache_write_tokens: Mapped[int | None] = mapped_column(INTEGER, server_default=ZERO)
+    reasoning_tokens: Mapped[int | None] = mapped_column(INTEGER, server_default=ZERO)
+    cwd: Mapped[str | None] = mapped_column(TEXT)
+    git_branch: Mapped[str | None] = mapped_column(TEXT)
+    git_repo_root: Mapped[str | None] = mapped_column(TEXT)
+    billing_provider: Mapped[str | None] = mapped_column(TEXT)
+    billing_base_url: Mapped[str | None] = mapped_column(TEXT)
+    billing_mode: Mapped[str | None] = mapped_column(TEXT)
+    estimated_cost_usd: Mapped[float | None] = mapped_column(REAL)
+    actual_cost_usd: Mapped[float | None] = mapped_column(REAL)
+    cost_status: Mapped[str | None] = mapped_column(TEXT)
+    cost_source: Mapped[str | None] = mapped_column(TEXT)
+    pricing_version: Mapped[str | None] = mapped_column(TEXT)
+    title: Mapped[str | None] = mapped_column(TEXT)
+    api_call_count: Mapped[int | None] = mapped_column(INTEGER, server_default=ZERO)
+    handoff_state: Mapped[str | None] = mapped_column(TEXT)
+    handoff_platform: Mapped[str | None] = mapped_column(TEXT)
+    handoff_error: Mapped[str | None] = mapped_column(TEXT)
+    compression_failure_cooldown_until: Mapped[float | None] = mapped_column(REAL)
+    compression_failure_error: Mapped[str | None] = mapped_column(TEXT)
     compression_fallback_streak: Mapped[int] = mapped_column(
         INTEGER, nullable=False, server_default=ZERO, default=0
     )
@@ -94,35 +92,38 @@ class AgentSession(Base):
     git_metadata_generation: Mapped[int] = mapped_column(
         INTEGER, nullable=False, server_default=ZERO, default=0
     )
-    title_source: Mapped[Optional[str]] = mapped_column(TEXT)
-    last_activity_at: Mapped[Optional[float]] = mapped_column(REAL)
-    last_activity_description: Mapped[Optional[str]] = mapped_column(TEXT)
-    last_activity_provenance: Mapped[Optional[str]] = mapped_column(TEXT)
+    title_source: Mapped[str | None] = mapped_column(TEXT)
+    last_activity_at: Mapped[float | None] = mapped_column(REAL)
+    last_activity_description: Mapped[str | None] = mapped_column(TEXT)
+    last_activity_provenance: Mapped[str | None] = mapped_column(TEXT)
     compression_ineffective_count: Mapped[int] = mapped_column(
         INTEGER, nullable=False, server_default=ZERO, default=0
     )
-    compression_recovery_deadline: Mapped[Optional[float]] = mapped_column(REAL)
-    profile_name: Mapped[Optional[str]] = mapped_column(TEXT)
+    compression_recovery_deadline: Mapped[float | None] = mapped_column(REAL)
+    profile_name: Mapped[str | None] = mapped_column(TEXT)
     pinned: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO, default=0)
     hidden: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO, default=0)
-    last_read_at: Mapped[Optional[float]] = mapped_column(REAL)
-    tool_names: Mapped[Optional[str]] = mapped_column(TEXT)
+    last_read_at: Mapped[float | None] = mapped_column(REAL)
+    tool_names: Mapped[str | None] = mapped_column(TEXT)
     # Application schema 25: the prompt text lives in system_prompts (no foreign key, as
     # the application's reconciler adds the column).
-    system_prompt_hash: Mapped[Optional[str]] = mapped_column(TEXT)
+    system_prompt_hash: Mapped[str | None] = mapped_column(TEXT)
     # Application schema 30.
-    created_source: Mapped[Optional[str]] = mapped_column(TEXT)
+    created_source: Mapped[str | None] = mapped_column(TEXT)
     compression_overload_streak: Mapped[int] = mapped_column(
         INTEGER, nullable=False, server_default=ZERO, default=0
     )
-    transport_profile: Mapped[Optional[str]] = mapped_column(TEXT)
+    transport_profile: Mapped[str | None] = mapped_column(TEXT)
 
-    messages: Mapped[list[Message]] = relationship(
+    #: Write-only: a transcript can hold tens of thousands of rows, so it is never loaded as
+    #: a whole by accident. Read with ``db.scalars(row.messages.select())`` (ordered by
+    #: timestamp, then id; add ``.limit()`` to page), add with ``row.messages.add(m)``.
+    messages: WriteOnlyMapped[Message] = relationship(
         back_populates="session",
         order_by="(Message.timestamp, Message.id)",
         passive_deletes=True,
     )
-    parent: Mapped[Optional[AgentSession]] = relationship(
+    parent: Mapped[AgentSession | None] = relationship(
         back_populates="children", remote_side="AgentSession.id"
     )
     children: Mapped[list[AgentSession]] = relationship(back_populates="parent")
@@ -207,27 +208,35 @@ class Message(Base):
             "display_order",
             sqlite_where=text("display_identity IS NOT NULL AND (active = 1 OR compacted = 1)"),
         ),
-        {"sqlite_autoincrement": True},
+        # implicit_returning=False: a flush of several new Message objects then INSERTs
+        # them one by one and reads each id from the cursor. With RETURNING, SQLAlchemy
+        # needs `id` as a sort sentinel, which it refuses for a nullable key (declared so
+        # to match the legacy DDL). Explicit `insert().returning()` is unaffected.
+        {"sqlite_autoincrement": True, "implicit_returning": False},
     )
 
     id: Mapped[int] = mapped_column(INTEGER, primary_key=True, autoincrement=True, nullable=True)
-    session_id: Mapped[str] = mapped_column(TEXT, ForeignKey("sessions.id"), nullable=False)
+    # active_history: the old value is loaded before a change, so that the session counters
+    # can move a message's share from its old session (see hermes_store.store).
+    session_id: Mapped[str] = mapped_column(
+        TEXT, ForeignKey("sessions.id"), nullable=False, active_history=True
+    )
     role: Mapped[str] = mapped_column(TEXT, nullable=False)
-    content: Mapped[Optional[str]] = mapped_column(TEXT)
-    tool_call_id: Mapped[Optional[str]] = mapped_column(TEXT)
-    tool_calls: Mapped[Optional[str]] = mapped_column(TEXT)
-    tool_name: Mapped[Optional[str]] = mapped_column(TEXT)
-    effect_disposition: Mapped[Optional[str]] = mapped_column(TEXT)
+    content: Mapped[str | None] = mapped_column(TEXT)
+    tool_call_id: Mapped[str | None] = mapped_column(TEXT)
+    tool_calls: Mapped[str | None] = mapped_column(TEXT, active_history=True)
+    tool_name: Mapped[str | None] = mapped_column(TEXT)
+    effect_disposition: Mapped[str | None] = mapped_column(TEXT)
     timestamp: Mapped[float] = mapped_column(REAL, nullable=False)
-    token_count: Mapped[Optional[int]] = mapped_column(INTEGER)
-    finish_reason: Mapped[Optional[str]] = mapped_column(TEXT)
-    reasoning: Mapped[Optional[str]] = mapped_column(TEXT)
-    reasoning_content: Mapped[Optional[str]] = mapped_column(TEXT)
-    reasoning_details: Mapped[Optional[str]] = mapped_column(TEXT)
-    codex_reasoning_items: Mapped[Optional[str]] = mapped_column(TEXT)
-    codex_message_items: Mapped[Optional[str]] = mapped_column(TEXT)
-    platform_message_id: Mapped[Optional[str]] = mapped_column(TEXT)
-    observed: Mapped[Optional[int]] = mapped_column(INTEGER, server_default=ZERO)
+    token_count: Mapped[int | None] = mapped_column(INTEGER)
+    finish_reason: Mapped[str | None] = mapped_column(TEXT)
+    reasoning: Mapped[str | None] = mapped_column(TEXT)
+    reasoning_content: Mapped[str | None] = mapped_column(TEXT)
+    reasoning_details: Mapped[str | None] = mapped_column(TEXT)
+    codex_reasoning_items: Mapped[str | None] = mapped_column(TEXT)
+    codex_message_items: Mapped[str | None] = mapped_column(TEXT)
+    platform_message_id: Mapped[str | None] = mapped_column(TEXT)
+    observed: Mapped[int | None] = mapped_column(INTEGER, server_default=ZERO)
     active: Mapped[int] = mapped_column(
         INTEGER, nullable=False, server_default=text("1"), default=1
     )
@@ -236,12 +245,12 @@ class Message(Base):
     _compressed_summary: Mapped[int] = mapped_column(
         "_compressed_summary", INTEGER, nullable=False, server_default=ZERO, default=0
     )
-    api_content: Mapped[Optional[str]] = mapped_column(TEXT)
-    display_kind: Mapped[Optional[str]] = mapped_column(TEXT)
-    display_metadata: Mapped[Optional[str]] = mapped_column(TEXT)
+    api_content: Mapped[str | None] = mapped_column(TEXT)
+    display_kind: Mapped[str | None] = mapped_column(TEXT)
+    display_metadata: Mapped[str | None] = mapped_column(TEXT)
     # Application schema 30 (kept by the messages_display_* triggers).
-    display_identity: Mapped[Optional[bytes]] = mapped_column(BLOB)
-    display_order: Mapped[Optional[int]] = mapped_column(INTEGER)
+    display_identity: Mapped[bytes | None] = mapped_column(BLOB)
+    display_order: Mapped[int | None] = mapped_column(INTEGER)
 
     session: Mapped[AgentSession] = relationship(back_populates="messages")
 
@@ -255,7 +264,7 @@ class StateMeta(Base):
     __tablename__ = "state_meta"
 
     key: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
-    value: Mapped[Optional[str]] = mapped_column(TEXT)
+    value: Mapped[str | None] = mapped_column(TEXT)
 
     def __repr__(self) -> str:
         return f"StateMeta(key={self.key!r})"
@@ -320,10 +329,10 @@ class SessionModelUsage(Base):
     reasoning_tokens: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
     estimated_cost_usd: Mapped[float] = mapped_column(REAL, nullable=False, server_default=ZERO)
     actual_cost_usd: Mapped[float] = mapped_column(REAL, nullable=False, server_default=ZERO)
-    cost_status: Mapped[Optional[str]] = mapped_column(TEXT)
-    cost_source: Mapped[Optional[str]] = mapped_column(TEXT)
-    first_seen: Mapped[Optional[float]] = mapped_column(REAL)
-    last_seen: Mapped[Optional[float]] = mapped_column(REAL)
+    cost_status: Mapped[str | None] = mapped_column(TEXT)
+    cost_source: Mapped[str | None] = mapped_column(TEXT)
+    first_seen: Mapped[float | None] = mapped_column(REAL)
+    last_seen: Mapped[float | None] = mapped_column(REAL)
 
     def __repr__(self) -> str:
         return f"SessionModelUsage(session_id={self.session_id!r}, model={self.model!r})"
@@ -338,23 +347,23 @@ class AsyncDelegation(Base):
     delegation_id: Mapped[str] = mapped_column(TEXT, primary_key=True, nullable=True)
     origin_session: Mapped[str] = mapped_column(TEXT, nullable=False)
     origin_ui_session_id: Mapped[str] = mapped_column(TEXT, nullable=False, server_default=EMPTY)
-    parent_session_id: Mapped[Optional[str]] = mapped_column(TEXT)
+    parent_session_id: Mapped[str | None] = mapped_column(TEXT)
     state: Mapped[str] = mapped_column(TEXT, nullable=False)
     dispatched_at: Mapped[float] = mapped_column(REAL, nullable=False)
-    completed_at: Mapped[Optional[float]] = mapped_column(REAL)
+    completed_at: Mapped[float | None] = mapped_column(REAL)
     updated_at: Mapped[float] = mapped_column(REAL, nullable=False)
-    event_json: Mapped[Optional[str]] = mapped_column(TEXT)
-    result_json: Mapped[Optional[str]] = mapped_column(TEXT)
+    event_json: Mapped[str | None] = mapped_column(TEXT)
+    result_json: Mapped[str | None] = mapped_column(TEXT)
     delivery_state: Mapped[str] = mapped_column(
         TEXT, nullable=False, server_default=text("'pending'")
     )
     delivery_attempts: Mapped[int] = mapped_column(INTEGER, nullable=False, server_default=ZERO)
-    delivered_at: Mapped[Optional[float]] = mapped_column(REAL)
-    owner_pid: Mapped[Optional[int]] = mapped_column(INTEGER)
-    owner_started_at: Mapped[Optional[int]] = mapped_column(INTEGER)
-    task_json: Mapped[Optional[str]] = mapped_column(TEXT)
-    delivery_claim: Mapped[Optional[str]] = mapped_column(TEXT)
-    delivery_claimed_at: Mapped[Optional[float]] = mapped_column(REAL)
+    delivered_at: Mapped[float | None] = mapped_column(REAL)
+    owner_pid: Mapped[int | None] = mapped_column(INTEGER)
+    owner_started_at: Mapped[int | None] = mapped_column(INTEGER)
+    task_json: Mapped[str | None] = mapped_column(TEXT)
+    delivery_claim: Mapped[str | None] = mapped_column(TEXT)
+    delivery_claimed_at: Mapped[float | None] = mapped_column(REAL)
     origin_session_id: Mapped[str] = mapped_column(
         TEXT, nullable=False, server_default=EMPTY, default=""
     )

@@ -392,7 +392,7 @@ def test_default_begin_is_deferred(engine: Engine, contender: Engine) -> None:
 
 
 def test_store_writes_take_the_write_lock_at_begin(db_file: Path, contender: Engine) -> None:
-    with Store.open(db_file) as store, store.writer() as db, db.begin():
+    with Store.open(db_file) as store, store.orm_writer() as db, db.begin():
         db.connection()  # BEGIN IMMEDIATE is issued when the session gets its connection
         with pytest.raises(OperationalError, match="database is locked"):
             with contender.begin() as conn:

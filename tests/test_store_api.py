@@ -1,7 +1,8 @@
-"""The typed write/read API (`Store`, `NewMessage`) on a store created at head (revision 22)."""
+"""The typed write/read API (`Store`, its records and errors) on a store created at head."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sqlite3
@@ -16,8 +17,17 @@ from sqlalchemy.exc import IntegrityError
 
 from hermes_store import migrate
 from hermes_store.errors import StoreError
-from hermes_store.models import AgentSession, Message, SessionModelUsage
-from hermes_store.store import MULTIMODAL_PREFIX, NewMessage, SessionNotFound, Store
+from hermes_store.models import AgentSession, Base, Message, SessionModelUsage
+from hermes_store.store import (
+    MULTIMODAL_PREFIX,
+    AgentSessionRecord,
+    MessageRecord,
+    NewMessage,
+    SessionExists,
+    SessionNotFound,
+    Store,
+    TitleTaken,
+)
 
 FTS_TABLES = ("messages_fts", "messages_fts_trigram")
 TWO_CALLS = [
@@ -56,7 +66,7 @@ def _counters(store: Store, session_id: str) -> tuple[int | None, int | None]:
 
 
 def _message_total(store: Store) -> int:
-    with store.session() as db:
+    with store.orm_session() as db:
         return int(db.scalar(select(func.count()).select_from(Message)) or 0)
 
 
@@ -78,7 +88,8 @@ def _integrity_check(conn: Any, table: str) -> None:
 
 def test_create_session_returns_a_loaded_row_with_zero_counters(store: Store) -> None:
     row = store.create_session("s1", "cli", model="claude", started_at=100.0, title="First")
-    # The returned row is usable after its transaction: server defaults were fetched.
+    # The returned record is usable after its transaction: server defaults were fetched.
+    assert isinstance(row, AgentSessionRecord)
     assert (row.message_count, row.tool_call_count, row.input_tokens, row.archived) == (0, 0, 0, 0)
     stored = store.get_session("s1")
     assert stored is not None
@@ -238,7 +249,7 @@ def test_delete_session_removes_messages_usage_and_index_entries(
         ],
     )
     kept = store.append_message("child", NewMessage("user", "axolotl facts", timestamp=5.0))
-    with store.writer() as db, db.begin():
+    with store.orm_writer() as db, db.begin():
         db.add_all(
             [
                 SessionModelUsage(session_id="parent", model="m1", input_tokens=10),
@@ -255,7 +266,7 @@ def test_delete_session_removes_messages_usage_and_index_entries(
     assert child.parent_session_id is None
     assert [m.id for m in store.messages("child")] == [kept]
     assert store.messages("parent") == []
-    with store.session() as db:
+    with store.orm_session() as db:
         usage = db.execute(select(SessionModelUsage.session_id, SessionModelUsage.model)).all()
     assert [tuple(row) for row in usage] == [("other", "m1")]
 
@@ -350,22 +361,40 @@ def test_orm_relationships_messages_parent_children(store: Store) -> None:
     second = store.append_message("root", NewMessage("assistant", "second", timestamp=20.0))
     first = store.append_message("root", NewMessage("user", "first", timestamp=10.0))
 
-    with store.session() as db:
+    with store.orm_session() as db:
         root = db.get(AgentSession, "root")
         assert root is not None
-        assert [m.id for m in root.messages] == [first, second]
-        assert all(m.session is root for m in root.messages)
+        transcript = db.scalars(root.messages.select()).all()
+        assert [m.id for m in transcript] == [first, second]
+        assert all(m.session is root for m in transcript)
+        assert [m.id for m in db.scalars(root.messages.select().limit(1))] == [first]
         assert sorted(c.id for c in root.children) == ["c1", "c2"]
         assert root.parent is None
         child = db.get(AgentSession, "c1")
         assert child is not None
         assert child.parent is root
-        assert child.messages == []
+        assert db.scalars(child.messages.select()).all() == []
+
+
+def test_a_transcript_is_never_loaded_by_accident(store: Store) -> None:
+    """`AgentSession.messages` is write-only: no attribute access loads a whole transcript."""
+    store.create_session("s1", "cli")
+    store.append_messages("s1", [NewMessage("user", f"m{i}") for i in range(3)])
+    with store.orm_session() as db:
+        row = db.get(AgentSession, "s1")
+        assert row is not None
+        with pytest.raises(TypeError, match="select"):
+            list(row.messages)
+        with pytest.raises(TypeError):
+            len(row.messages)  # type: ignore[arg-type]
+        # The session's own columns still load; the transcript only when asked for.
+        assert row.message_count == 3
+        assert len(db.scalars(row.messages.select()).all()) == 3
 
 
 def test_writer_sessions_can_write_through_the_orm(store: Store) -> None:
     store.create_session("s1", "cli")
-    with store.writer() as db, db.begin():
+    with store.orm_writer() as db, db.begin():
         row = db.get(AgentSession, "s1")
         assert row is not None
         row.title = "Renamed"
@@ -423,3 +452,305 @@ def test_insert_or_replace_without_recursive_triggers_corrupts_the_index(
     finally:
         raw.rollback()
         raw.close()
+
+
+# -- the project's errors ------------------------------------------------------------
+
+
+def test_the_store_errors_are_the_projects_and_importable_from_both_modules() -> None:
+    from hermes_store import errors, store
+
+    for name in ("SessionExists", "SessionNotFound", "TitleTaken", "StoreError"):
+        assert getattr(store, name) is getattr(errors, name)
+        assert issubclass(getattr(errors, name), errors.StoreError)
+        assert name in store.__all__
+
+
+def test_create_session_with_a_taken_id_raises_session_exists(store: Store) -> None:
+    store.create_session("s1", "cli", title="First", started_at=1.0)
+    store.append_message("s1", NewMessage("user", "kept"))
+    with pytest.raises(SessionExists, match=r"session 's1' already exists: append to it"):
+        store.create_session("s1", "telegram", title="Second")
+    stored = store.get_session("s1")
+    assert stored is not None
+    assert (stored.source, stored.title, stored.message_count) == ("cli", "First", 1)
+    assert [s.id for s in store.list_sessions()] == ["s1"]
+
+
+def test_create_session_with_a_taken_title_raises_title_taken(store: Store) -> None:
+    store.create_session("s1", "cli", title="Standup notes")
+    with pytest.raises(TitleTaken, match=r"'Standup notes'.*pick another one"):
+        store.create_session("s2", "cli", title="Standup notes")
+    assert store.get_session("s2") is None
+    # Untitled sessions never collide.
+    store.create_session("s3", "cli")
+    store.create_session("s4", "cli")
+
+
+def test_create_session_under_a_missing_parent_raises_session_not_found(store: Store) -> None:
+    with pytest.raises(SessionNotFound, match="no parent session 'ghost': create it first"):
+        store.create_session("child", "cli", parent_session_id="ghost")
+    assert store.get_session("child") is None
+    store.create_session("parent", "cli")
+    child = store.create_session("child", "cli", parent_session_id="parent")
+    assert child.parent_session_id == "parent"
+
+
+def test_writes_to_a_missing_session_raise_session_not_found(store: Store) -> None:
+    for write in (
+        lambda: store.append_messages("ghost", [NewMessage("user", "x")]),
+        lambda: store.append_messages("ghost", []),
+        lambda: store.end_session("ghost", "user_exit"),
+        lambda: store.delete_session("ghost"),
+    ):
+        with pytest.raises(SessionNotFound, match="ghost"):
+            write()
+    assert store.get_session("ghost") is None
+    assert store.messages("ghost") == []
+
+
+# -- returned values outlive their session -------------------------------------------
+
+
+def test_returned_records_are_usable_after_the_store_is_closed(store_file: Path) -> None:
+    with Store.open(str(store_file)) as store:
+        created = store.create_session("s1", "cli", model="m", started_at=5.0)
+        store.append_messages(
+            "s1",
+            [
+                NewMessage("user", "hello", timestamp=6.0),
+                NewMessage("assistant", None, tool_calls=TWO_CALLS, timestamp=7.0),
+            ],
+        )
+        fetched = store.get_session("s1")
+        transcript = store.messages("s1")
+        listed = store.list_sessions()
+    # The store (its engine, its sessions) is gone; every value still reads.
+    assert fetched is not None
+    assert (created.id, created.model, created.started_at, created.message_count) == (
+        "s1",
+        "m",
+        5.0,
+        0,
+    )
+    assert (fetched.message_count, fetched.tool_call_count, fetched.ended_at) == (2, 2, None)
+    assert [(m.role, m.content) for m in transcript] == [("user", "hello"), ("assistant", None)]
+    assert all(isinstance(m, MessageRecord) for m in transcript)
+    assert json.loads(transcript[1].tool_calls or "") == TWO_CALLS
+    assert (transcript[0].active, transcript[0].compacted, transcript[0].compressed_summary) == (
+        1,
+        0,
+        0,
+    )
+    assert listed[0].message_count == 2
+    assert "AgentSessionRecord(id='s1'" in repr(fetched)
+    # Records are values: nothing to load lazily, nothing to write back by mistake.
+    assert not hasattr(fetched, "messages")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fetched.title = "changed"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("record", "model"),
+    [pytest.param(AgentSessionRecord, AgentSession), pytest.param(MessageRecord, Message)],
+)
+def test_records_carry_every_column_of_their_table(record: type, model: type[Base]) -> None:
+    names = {f.name for f in dataclasses.fields(record)}
+    columns = {c.name.lstrip("_") for c in model.__table__.columns}
+    assert names == columns
+
+
+# -- the counters, whatever the write path ---------------------------------------------
+
+
+def test_orm_writer_keeps_the_counters_for_added_moved_and_deleted_messages(
+    store: Store,
+) -> None:
+    store.create_session("a", "cli")
+    store.create_session("b", "cli")
+    store.append_message("a", NewMessage("user", "through the API"))
+
+    with store.orm_writer() as db, db.begin():
+        a = db.get(AgentSession, "a")
+        assert a is not None
+        # Several new messages in one flush, three ways of attaching them.
+        db.add_all(
+            [
+                Message(session_id="a", role="user", content="one", timestamp=1.0),
+                Message(
+                    session_id="a",
+                    role="assistant",
+                    tool_calls=json.dumps(TWO_CALLS),
+                    timestamp=2.0,
+                ),
+            ]
+        )
+        a.messages.add(Message(role="tool", content="out", timestamp=3.0))
+        db.add(Message(session=a, role="user", content="four", timestamp=4.0))
+    assert _counters(store, "a") == (5, 2)
+
+    with store.orm_writer() as db, db.begin():
+        [calls] = db.scalars(select(Message).where(Message.tool_calls.is_not(None))).all()
+        db.expire(calls)  # its old session is loaded before the change all the same
+        calls.session_id = "b"  # moved: its share moves with it
+    assert (_counters(store, "a"), _counters(store, "b")) == ((4, 0), (1, 2))
+
+    with store.orm_writer() as db, db.begin():
+        [calls] = db.scalars(select(Message).where(Message.session_id == "b")).all()
+        calls.tool_calls = json.dumps(TWO_CALLS[:1])  # one call fewer
+        [four] = db.scalars(select(Message).where(Message.content == "four")).all()
+        db.delete(four)
+    assert (_counters(store, "a"), _counters(store, "b")) == ((3, 0), (1, 1))
+
+    # An expired object (its values unknown to the session) is deleted just as right, and
+    # so is one moved and deleted in the same flush: its row counted for its old session.
+    with store.orm_writer() as db, db.begin():
+        [one] = db.scalars(select(Message).where(Message.content == "one")).all()
+        db.expire(one)
+        db.delete(one)
+    assert _counters(store, "a") == (2, 0)
+    with store.orm_writer() as db, db.begin():
+        [out] = db.scalars(select(Message).where(Message.content == "out")).all()
+        out.session_id = "b"
+        out.tool_calls = json.dumps(TWO_CALLS)
+        db.delete(out)
+    assert (_counters(store, "a"), _counters(store, "b")) == ((1, 0), (1, 1))
+
+    # A rolled-back flush takes its counter change with it.
+    with store.orm_writer() as db:
+        with db.begin():
+            db.add(Message(session_id="a", role="user", content="undone", timestamp=9.0))
+            db.flush()
+            db.rollback()
+    assert _counters(store, "a") == (1, 0)
+    with store.orm_session() as db:
+        counted = db.execute(
+            select(Message.session_id, func.count()).group_by(Message.session_id)
+        ).all()
+    assert sorted(tuple(row) for row in counted) == [("a", 1), ("b", 1)]
+
+
+def _rows(store_file: Path, session_id: str) -> list[dict[str, Any]]:
+    """Every column of a session's messages, ids made relative to the first one."""
+    with sqlite3.connect(store_file) as raw:
+        raw.row_factory = sqlite3.Row
+        rows = [
+            dict(row)
+            for row in raw.execute(
+                "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,)
+            )
+        ]
+    for row in rows:
+        row.pop("session_id")
+        row["display_order"] -= row.pop("id")
+    return rows
+
+
+def test_append_messages_writes_what_one_by_one_appends_and_the_orm_write(
+    store: Store, store_file: Path
+) -> None:
+    batch = [
+        NewMessage("system", "be brief", timestamp=1.0),
+        NewMessage("user", [{"type": "text", "text": "look"}], timestamp=2.0, token_count=3),
+        NewMessage(
+            "assistant",
+            None,
+            tool_calls=TWO_CALLS,
+            timestamp=3.0,
+            finish_reason="tool_calls",
+            reasoning="think",
+        ),
+        NewMessage("tool", "a.txt", tool_name="terminal", tool_call_id="c1", timestamp=4.0),
+        NewMessage("user", "edited", timestamp=5.0, platform_message_id="p-1"),
+        NewMessage("assistant", "bad json", tool_calls="{not json", timestamp=6.0),
+    ]
+    for session_id in ("batch", "single", "orm"):
+        store.create_session(session_id, "cli")
+    store.append_messages("batch", batch)
+    for message in batch:
+        store.append_message("single", message)
+    # What the ORM writes for the same values (the write path before the bulk insert).
+    with store.orm_writer() as db, db.begin():
+        for m in batch:
+            calls = json.dumps(m.tool_calls) if isinstance(m.tool_calls, list) else m.tool_calls
+            content = m.content
+            if isinstance(content, list):
+                content = MULTIMODAL_PREFIX + json.dumps(content)
+            db.add(
+                Message(
+                    session_id="orm",
+                    role=m.role,
+                    content=content,
+                    tool_calls=calls,
+                    tool_name=m.tool_name,
+                    tool_call_id=m.tool_call_id,
+                    timestamp=m.timestamp,
+                    token_count=m.token_count,
+                    finish_reason=m.finish_reason,
+                    reasoning=m.reasoning,
+                    platform_message_id=m.platform_message_id,
+                )
+            )
+    expected = _rows(store_file, "batch")
+    assert len(expected) == len(batch)
+    assert _rows(store_file, "single") == expected
+    assert _rows(store_file, "orm") == expected
+    assert _counters(store, "batch") == _counters(store, "single") == _counters(store, "orm")
+    assert _counters(store, "batch") == (6, 2)
+    with sqlite3.connect(store_file) as raw:
+        for table in FTS_TABLES:
+            _integrity_check(raw, table)
+
+
+def test_a_large_batch_keeps_ids_in_order_across_statements(store: Store) -> None:
+    """More rows than one multi-row INSERT takes: ids still follow the given order."""
+    store.create_session("s1", "cli")
+    store.append_message("s1", NewMessage("user", "before"))
+    batch = [NewMessage("user", f"message {i}", timestamp=float(2500 - i)) for i in range(2500)]
+    ids = store.append_messages("s1", batch)
+    assert ids == list(range(ids[0], ids[0] + len(batch)))
+    by_id = {m.id: m.content for m in store.messages("s1")}
+    assert [by_id[i] for i in ids] == [m.content for m in batch]
+    assert _counters(store, "s1") == (2501, 0)
+
+
+# -- names, search ---------------------------------------------------------------------
+
+
+def test_the_old_orm_session_names_still_work_with_a_deprecation_warning(store: Store) -> None:
+    store.create_session("s1", "cli")
+    with pytest.deprecated_call(match=r"orm_session\(\)"), store.session() as db:
+        assert db.get(AgentSession, "s1") is not None
+    with pytest.deprecated_call(match=r"orm_writer\(\)"), store.writer() as db, db.begin():
+        db.add(Message(session_id="s1", role="user", content="hi", timestamp=1.0))
+    assert _counters(store, "s1") == (1, 0)
+
+
+def test_search_finds_messages_with_the_search_contract(store: Store) -> None:
+    store.create_session("cli-1", "cli", started_at=1.0, model="m1")
+    store.create_session("tg-1", "telegram", started_at=2.0)
+    first = store.append_message("cli-1", NewMessage("user", "the zebrafish genome", timestamp=3.0))
+    store.append_message("cli-1", NewMessage("assistant", "a reply", timestamp=4.0))
+    other = store.append_message("tg-1", NewMessage("user", "zebrafish again", timestamp=5.0))
+    hidden = store.append_message("tg-1", NewMessage("user", "zebrafish rewound", timestamp=6.0))
+    store.set_message_flags([hidden], active=False)
+
+    hits = store.search("zebrafish")
+    assert sorted(h["id"] for h in hits) == [first, other]
+    assert hits.degraded is None
+    hit = next(h for h in hits if h["id"] == first)
+    assert (hit["session_id"], hit["source"], hit["model"], hit["role"]) == (
+        "cli-1",
+        "cli",
+        "m1",
+        "user",
+    )
+    assert hit["snippet"] is not None
+    assert "zebrafish" in hit["snippet"]
+    assert [c["content"] for c in hit["context"]] == ["the zebrafish genome", "a reply"]
+    assert [h["id"] for h in store.search("zebrafish", source_filter=["telegram"])] == [other]
+    assert [h["id"] for h in store.search("zebrafish", exclude_sources=["telegram"])] == [first]
+    assert store.search("zebrafish", role_filter=["assistant"]) == []
+    assert len(store.search("zebrafish", include_inactive=True)) == 3
+    assert len(store.search("zebrafish", limit=1)) == 1
+    assert store.search("axolotl") == []
