@@ -211,8 +211,10 @@ def translate_error(exc: BaseException, path: Path | None = None) -> StoreError 
         )
     if "database is locked" in lowered or "database is busy" in lowered:
         return StoreBusy(
-            "the store is locked by another process (waited for the busy timeout); the "
-            "step in progress was rolled back. Retry when the agent is idle"
+            "the store is locked: another process held its write lock for longer than the "
+            f"busy timeout ({default_busy_timeout_ms() / 1000:g} s) this command waited; the "
+            "step in progress was rolled back and nothing was changed by it. Retry when the "
+            f"agent is idle, or wait longer with {ENV_BUSY_TIMEOUT}=MILLISECONDS"
         )
     if "unable to open database file" in lowered and path is not None:
         problem = writable_problem(path)
@@ -356,7 +358,7 @@ def create_store_engine(
             if not create:
                 raise StoreNotFound(
                     f"{path}: no such database. Check --db / {ENV_URL}, or create it with "
-                    "`hermes-store upgrade`."
+                    "`hermes-store upgrade --create`."
                 )
             create_private_file(path)
         tighten_permissions(path)

@@ -8,10 +8,10 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, RootTransaction, text
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store.engine import translate_error
+from hermes_store.engine import BEGIN_OPTION, translate_error
 from hermes_store.revisions import fts_head
 
 log = logging.getLogger(__name__)
@@ -122,13 +122,27 @@ class CheckResult:
         return not self.problems
 
 
+def begin_writing(conn: Connection) -> RootTransaction:
+    """Begin a transaction that is a writer from its BEGIN (BEGIN IMMEDIATE).
+
+    SQLite then waits up to the busy timeout for the agent's write lock; a transaction
+    that starts as a read and then writes gets SQLITE_BUSY at once instead of waiting.
+    """
+    previous = conn.get_execution_options().get(BEGIN_OPTION, "DEFERRED")
+    conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+    try:
+        return conn.begin()
+    finally:
+        conn.execution_options(**{BEGIN_OPTION: previous})
+
+
 def check_index(conn: Connection, name: str) -> str | None:
     """Run FTS5 'integrity-check' with rank 1 (index versus its content); return the error.
 
     The check is an INSERT, so it needs write access: a held lock, a read-only store or a
     full disk says nothing about the index and is raised as its domain error instead.
     """
-    savepoint = conn.begin_nested() if conn.in_transaction() else conn.begin()
+    savepoint = conn.begin_nested() if conn.in_transaction() else begin_writing(conn)
     try:
         conn.exec_driver_sql(f"INSERT INTO {name}({name}, rank) VALUES ('integrity-check', 1)")
     except DBAPIError as exc:
@@ -150,11 +164,15 @@ def integrity_check(
     """
     result = CheckResult()
     pragma = "quick_check" if quick else "integrity_check"
+    reading = not conn.in_transaction()
     rows = [str(r[0]) for r in conn.exec_driver_sql(f"PRAGMA {pragma}")]
     result.checked.append(f"PRAGMA {pragma}")
     if rows != ["ok"]:
         result.problems["database"] = "; ".join(rows[:10])
-    for name in present_indexes(conn):
+    names = present_indexes(conn)
+    if reading:
+        conn.rollback()  # end the read: each index check below is a writer from its BEGIN
+    for name in names:
         if skip and name in skip:
             result.skipped[name] = skip[name]
             continue

@@ -22,6 +22,7 @@ from hermes_store.errors import StoreError
 from hermes_store.fts import (
     INDEXES,
     CheckResult,
+    begin_writing,
     check_mechanism,
     index_layout,
     integrity_check,
@@ -80,6 +81,8 @@ class OptimizeResult:
     bytes_after: int
     indexes: list[str]
     vacuumed: bool
+    #: False when readers kept the WAL from being truncated (its bytes are in bytes_after).
+    wal_truncated: bool = True
 
     @property
     def reclaimed(self) -> int:
@@ -136,7 +139,8 @@ def optimize(
     # progress and leaves the store as the previous step left it.
     with sqlite_errors(path):
         with engine.connect() as conn:
-            with conn.begin():
+            # A writer from its BEGIN, so that it waits for the agent's write lock.
+            with begin_writing(conn):
                 names = present_indexes(conn)
                 for name in names:
                     say(f"merging {name}")
@@ -148,14 +152,41 @@ def optimize(
             driver = raw.driver_connection
             assert isinstance(driver, sqlite3.Connection)
             say("checkpointing the WAL")
-            driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            truncated = _checkpoint(driver)
             if vacuum:
                 say("vacuuming")
                 driver.execute("VACUUM")
-                driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                truncated = _checkpoint(driver)
         finally:
             raw.close()
-    return OptimizeResult(before, _on_disk(path), names, vacuum)
+    return OptimizeResult(before, _on_disk(path), names, vacuum, truncated)
+
+
+#: How long a TRUNCATE checkpoint may wait for readers. While it waits, it keeps new
+#: writers out: the agent's writes must never queue behind a long read for longer.
+CHECKPOINT_WAIT_MS = 200
+
+
+def _checkpoint(driver: sqlite3.Connection) -> bool:
+    """Copy the WAL into the database and truncate it, waiting at most CHECKPOINT_WAIT_MS.
+
+    When a reader keeps it from finishing, fall back to a PASSIVE checkpoint (which never
+    blocks anyone) and return False: the WAL keeps its size until the next checkpoint.
+    """
+    (previous,) = driver.execute("PRAGMA busy_timeout").fetchone()
+    driver.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
+    try:
+        busy, _log, _done = driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if busy:
+            driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            log.warning(
+                "the WAL could not be truncated: a reader was still open after %d ms; its "
+                "frames are copied and the file will shrink at a later checkpoint",
+                CHECKPOINT_WAIT_MS,
+            )
+        return not busy
+    finally:
+        driver.execute(f"PRAGMA busy_timeout={int(previous)}")
 
 
 def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
@@ -169,11 +200,14 @@ def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
     StoreBusy / StoreReadOnly (from :func:`fts.check_index`) instead of reporting the
     indexes as broken.
     """
+    reading = not conn.in_transaction()
     skip = {
         item.index: f"deferred backfill pending ({rows_left(conn, item)} rows not indexed yet); "
         "finish it with `hermes-store optimize-storage`"
         for item in pending(conn)
     }
+    if reading and conn.in_transaction():
+        conn.rollback()  # end the read: the FTS checks are writers from their BEGIN
     result = integrity_check(conn, quick=quick, skip=skip)
     mechanism = check_mechanism(conn)
     if mechanism.skipped is not None:
