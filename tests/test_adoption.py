@@ -378,9 +378,15 @@ def _alembic_runs(
         for name, (args, env) in runs.items()
     }
     results = {}
-    for name, process in processes.items():
-        _, stderr = process.communicate(timeout=120)
-        results[name] = (process.returncode, stderr)
+    try:
+        for name, process in processes.items():
+            _, stderr = process.communicate(timeout=120)
+            results[name] = (process.returncode, stderr)
+    finally:
+        for process in processes.values():  # never left running into later tests
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     return results
 
 

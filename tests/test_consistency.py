@@ -579,6 +579,8 @@ def test_random_writes_keep_search_equal_to_the_oracle(head_template: Path, tmp_
         settings=settings(
             max_examples=25,
             stateful_step_count=20,
+            # The same examples every run: the counts asserted below cannot flake.
+            derandomize=True,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
             database=None,

@@ -523,8 +523,13 @@ def write_transaction_in_another_process(path: Path) -> Iterator[Callable[[], No
     try:
         yield release
     finally:
-        release()
-        proc.communicate(timeout=30)
+        try:
+            release()
+            proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:  # never left running into later tests
+                proc.kill()
+                proc.wait()
 
 
 def test_upgrade_against_a_held_write_lock_fails_clearly_without_changes(
@@ -563,16 +568,21 @@ def test_upgrade_waits_for_a_write_lock_released_within_the_busy_timeout(
             text=True,
             env={**os.environ, ENV_BUSY_TIMEOUT: "60000"},
         )
-        # Once it has the store open it is past the read-only classification and is
-        # waiting for the lock; let it wait a little, then let go.
-        for _ in range(600):
-            if _waiting_on(upgrade.pid, path) or upgrade.poll() is not None:
-                break
-            time.sleep(0.05)
-        time.sleep(0.5)
-        assert upgrade.poll() is None, "the upgrade did not wait for the lock"
-        release()
-        out, err = upgrade.communicate(timeout=120)
+        try:
+            # Once it has the store open it is past the read-only classification and is
+            # waiting for the lock; let it wait a little, then let go.
+            for _ in range(600):
+                if _waiting_on(upgrade.pid, path) or upgrade.poll() is not None:
+                    break
+                time.sleep(0.05)
+            time.sleep(0.5)
+            assert upgrade.poll() is None, "the upgrade did not wait for the lock"
+            release()
+            out, err = upgrade.communicate(timeout=120)
+        finally:
+            if upgrade.poll() is None:
+                upgrade.kill()
+                upgrade.wait()
     assert upgrade.returncode == 0, err
     assert json.loads(out)["to"] == migrate.head_revision()
     assert fts_problems(path) == {}
