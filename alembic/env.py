@@ -99,8 +99,26 @@ def run_migrations_offline() -> None:
         include_name=include_name,
         include_object=include_object,
     )
+    _refuse_what_needs_the_store()
     with context.begin_transaction():
         context.run_migrations()
+
+
+def _refuse_what_needs_the_store() -> None:
+    """Offline, refuse in one line (before any SQL is written) when a revision to run reads
+    the store to decide what to do: its SQL cannot be known without it."""
+    migration = context.get_context()
+    plan = migration.opts.get("fn")
+    if plan is None:
+        return
+    for step in plan(migration.get_current_heads(), migration):
+        revision = getattr(step, "revision", None)
+        why = getattr(getattr(revision, "module", None), "OFFLINE_REFUSAL", None)
+        if why:
+            raise CommandError(
+                f"revision {revision.revision} cannot be written as offline SQL: {why}. "
+                "Run it online: `hermes-store upgrade`, or alembic without --sql"
+            )
 
 
 if context.is_offline_mode():

@@ -15,7 +15,6 @@ from hermes_store.engine import (
     check_side_files,
     create_store_engine,
     db_path,
-    make_private_dirs,
     resolve_url,
     side_files,
     sqlite_errors,
@@ -69,10 +68,8 @@ def backup_from(
     existing ``dest`` is refused (BackupExists) unless ``overwrite``; a symbolic link
     there is always refused.
     """
-    target = Path(dest).expanduser().absolute()
-    _refuse_the_store(target, source)
-    _check_destination(target, overwrite=overwrite)
-    make_private_dirs(target.parent)
+    store = _store_file(source)
+    target = check_target(dest, store, overwrite=overwrite)
     _remove_leftovers(target)
     partial = target.with_name(f".{target.name}.{os.getpid()}.{time.monotonic_ns()}.partial")
     try:
@@ -101,24 +98,35 @@ def _store_file(source: sqlite3.Connection) -> Path | None:
     return None
 
 
-def _refuse_the_store(target: Path, source: sqlite3.Connection) -> None:
-    """A backup can never land on the store, its -wal / -shm / -journal, or a link to them.
+def check_target(
+    dest: str | os.PathLike[str], store: Path | None, *, overwrite: bool = False
+) -> Path:
+    """Refuse, before anything is written, a backup destination that cannot be used safely.
 
-    Renamed over the live store, a copy would replace the database the agent keeps writing
-    to (its commits would go to the unlinked file): refused whatever --overwrite-backup says.
+    Refused whatever ``overwrite`` says: the store itself, its -wal / -shm / -journal, a
+    hard link or a symbolic link to any of them (renamed over the live store, a copy would
+    replace the database the agent keeps writing to), a symbolic link, a directory, and a
+    path in a directory that does not exist (a mistyped path must not create directories).
+    An existing file is refused unless ``overwrite``. Returns the absolute target path.
     """
-    store = _store_file(source)
-    if store is None:
-        return
-    for protected in (store, *side_files(store)):
-        same = target.resolve() == protected.resolve()
-        if not same and target.exists() and protected.exists():
-            same = os.path.samefile(target, protected)  # a hard link to it, too
-        if same:
-            raise UnsafePath(
-                f"{target} is the store's own file {protected.name}: a backup there would "
-                "destroy the store; choose a path outside it (nothing was changed)"
-            )
+    target = Path(dest).expanduser().absolute()
+    if store is not None:
+        for protected in (store, *side_files(store)):
+            same = target.resolve() == protected.resolve()
+            if not same and target.exists() and protected.exists():
+                same = os.path.samefile(target, protected)  # a hard link to it, too
+            if same:
+                raise UnsafePath(
+                    f"{target} is the store's own file {protected.name}: a backup there would "
+                    "destroy the store; choose a path outside it (nothing was changed)"
+                )
+    if not target.parent.is_dir():
+        raise StoreNotFound(
+            f"{target.parent}: no such directory for the backup; create it first or choose "
+            "another path (nothing was changed)"
+        )
+    _check_destination(target, overwrite=overwrite)
+    return target
 
 
 #: `.{name}.{pid}.{ns}.partial`: the hidden file a backup is written to before its rename.

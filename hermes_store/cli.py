@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sqlite3
 import sys
@@ -16,6 +15,14 @@ from typing import Any, TypeVar
 
 import click
 from alembic.util import CommandError
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -33,6 +40,8 @@ from hermes_store.errors import StoreError, StoreNotFound
 from hermes_store.fts import CheckResult
 from hermes_store.maintenance import RepairResult, check_store, repair, store_stats
 from hermes_store.maintenance import optimize as optimize_store
+from hermes_store.output import console, emit_json, emit_records, format_options, say
+from hermes_store.revisions import script_directory
 from hermes_store.search import search_messages
 from hermes_store.storage import GROUPS, StorageReport, human_bytes, storage_report
 
@@ -50,7 +59,7 @@ def db_option(func: F) -> F:
 
 
 def json_option(func: F) -> F:
-    """The --json option of reporting commands."""
+    """The --json option of commands that do something (reporting ones take format_options)."""
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(func)
 
 
@@ -59,17 +68,12 @@ def _interactive() -> bool:
     return sys.stderr.isatty()
 
 
-def _color_stdout() -> bool:
-    """Highlight search hits only when stdout is a terminal."""
-    return sys.stdout.isatty()
-
-
 def _progress(enabled: bool) -> Callable[[str], None]:
-    def say(message: str) -> None:
+    def step(message: str) -> None:
         if enabled:
-            click.echo(f"… {message}", err=True)
+            say(f"… {message}", err=True, style="dim")
 
-    return say
+    return step
 
 
 @contextlib.contextmanager
@@ -107,38 +111,67 @@ def store_url(db: str | None, *, create_home: bool) -> tuple[str, Path | None]:
         raise click.ClickException(f"--db: {exc}") from None
 
 
+def backup_options(func: F) -> F:
+    """--backup PATH and --overwrite-backup."""
+    func = click.option(
+        "--overwrite-backup", is_flag=True, help="Replace an existing file at the --backup PATH."
+    )(func)
+    return click.option(
+        "--backup",
+        "backup_to",
+        metavar="PATH",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="First write a consistent copy of the store to PATH (SQLite backup API, mode "
+        "0600), in an existing directory. Recommended for large or precious stores.",
+    )(func)
+
+
 def open_existing(db: str | None) -> Engine:
     """An engine on an existing store, checked read-only first; never creates a file."""
     url, path = store_url(db, create_home=False)
     if path is not None and not path.exists():
         raise StoreNotFound(
-            f"{path}: no such store. Pass --db, set HERMES_STORE_URL, or create one with "
-            "`hermes-store upgrade`"
+            f"{path}: no such store; nothing was created. Check --db / HERMES_STORE_URL, or "
+            "start a new store with `hermes-store upgrade --create`"
         )
     state = migrate.inspect_file(path)
     if state.kind == "new":
         raise StoreNotFound(
-            f"{path or url}: the database is empty, not a Hermes store yet; create one with "
+            f"{path or url}: the database is empty, not a Hermes store yet; make it one with "
             "`hermes-store upgrade`"
         )
     return create_store_engine(url, create=False, wal=False)
 
 
-def _emit(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+_emit = emit_json
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="hermes-store")
-def main() -> None:
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="Say each step: -v shows hermes-store's and Alembic's progress lines, -vv debug.",
+)
+def main(verbose: int) -> None:
     """Operate a Hermes session store: upgrade, inspect, optimize, check and search it.
+
+    Every command that writes waits up to the busy timeout for the agent's write lock
+    ($HERMES_STORE_BUSY_TIMEOUT_MS). Reporting commands print a table, or --json, --nl
+    (one JSON record per line) or --csv. Colour only on a terminal; NO_COLOR is honoured.
 
     \b
     Example:
       hermes-store --help
       hermes-store demo
+      hermes-store -v upgrade --db ~/.hermes/state.db --backup ~/state-before.db
     """
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    for name in ("hermes_store", "alembic"):
+        logging.getLogger(name).setLevel(level)
     warnings.showwarning = _show_warning
 
 
@@ -157,6 +190,11 @@ def _show_warning(
 @main.command()
 @db_option
 @click.option(
+    "--create",
+    is_flag=True,
+    help="Create a new, empty store when the file does not exist (otherwise refused).",
+)
+@click.option(
     "--app-version",
     type=int,
     default=None,
@@ -168,7 +206,8 @@ def _show_warning(
 @click.option(
     "--revision",
     default=None,
-    help="Run to this Alembic revision instead (advanced; see `alembic history`).",
+    help="Run to this Alembic revision instead (advanced; see `hermes-store history`). "
+    "A revision below the store's is refused: that is `hermes-store downgrade`.",
 )
 @click.option(
     "--rebuild-fts",
@@ -181,21 +220,11 @@ def _show_warning(
     help="When an index must be rebuilt, swap the layout at once and leave the fill to "
     "`hermes-store optimize-storage` (large stores; a healthy store still converts in place).",
 )
-@click.option(
-    "--backup",
-    "backup_to",
-    metavar="PATH",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="First write a consistent copy of the store to PATH (SQLite backup API, mode 0600). "
-    "Recommended for large or precious stores.",
-)
-@click.option(
-    "--overwrite-backup", is_flag=True, help="Replace an existing file at the --backup PATH."
-)
+@backup_options
 @json_option
 def upgrade(
     db: str | None,
+    create: bool,
     app_version: int | None,
     revision: str | None,
     rebuild_fts: bool,
@@ -204,7 +233,7 @@ def upgrade(
     overwrite_backup: bool,
     as_json: bool,
 ) -> None:
-    """Upgrade (or create) a store, adopting a legacy one first.
+    """Upgrade a store, adopting a legacy one first (--create: start a new one).
 
     The same as `alembic -x db=PATH upgrade head`. A store written by the Hermes agent
     (schema 17 to 30, never under Alembic) is adopted: missing columns and indexes of its
@@ -212,21 +241,27 @@ def upgrade(
     steps run up to --app-version, and the search indexes move to external content (text
     stored once); `schema_version` always names the application schema the store has.
     With --backup, a consistent copy is taken before anything is changed (not for a new,
-    empty store: there is nothing to copy).
+    empty store: there is nothing to copy). Interrupted (Ctrl-C), the revision in progress
+    is rolled back and the store stays at the last one completed.
 
     \b
     Examples:
       hermes-store upgrade --db ~/.hermes/state.db --backup ~/state-before.db
       hermes-store upgrade --db ~/.hermes/state.db --app-version 21   # agent still at 21
+      hermes-store upgrade --db /srv/hermes/new.db --create
     """
+    if overwrite_backup and backup_to is None:
+        raise click.UsageError("--overwrite-backup only goes with --backup PATH")
+    if revision is not None and (rebuild_fts or deferred_fts or app_version is not None):
+        raise click.UsageError(
+            "--revision runs one Alembic target as it is: it does not go with --app-version, "
+            "--rebuild-fts or --deferred-fts"
+        )
     x = {"fts_convert": "rebuild"} if rebuild_fts else {}
     if deferred_fts:
         x["fts_backfill"] = "deferred"
-    with operator_errors():
-        store_url(db, create_home=True)
-        if _interactive() and not as_json:
-            logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
-            logging.getLogger("hermes_store").setLevel(logging.INFO)
+    with operator_errors(), _interrupted_upgrade(db):
+        store_url(db, create_home=False)
         started = time.perf_counter()
         result = migrate.upgrade(
             db,
@@ -235,46 +270,215 @@ def upgrade(
             x=x,
             backup_to=backup_to,
             overwrite_backup=overwrite_backup,
+            create=create,
         )
         elapsed = time.perf_counter() - started
     if as_json:
         _emit({**result.as_dict(), "seconds": round(elapsed, 3)})
         return
-    if result.from_revision is not None:
-        origin = result.from_revision
-    elif result.adopted is not None:
-        origin = f"legacy schema {result.adopted} (unversioned)"
+    if result.before == result.after and not result.adopted and not result.healed:
+        say(f"already at {result.to_revision}: nothing to do ({elapsed:.2f} s)")
     else:
-        origin = "(new store)"
-    click.echo(f"{origin} -> {result.to_revision} in {elapsed:.2f} s")
-    click.echo(
+        if result.from_revision is not None:
+            origin = result.from_revision
+        elif result.adopted is not None:
+            origin = f"legacy schema {result.adopted} (unversioned)"
+        else:
+            origin = "(new store)"
+        say(f"{origin} -> {result.to_revision} in {elapsed:.2f} s")
+    say(
         f"application schema: {result.schema_before or '-'} -> {result.schema_after}; "
         f"search layout: {result.layout_before} -> {result.layout_after}"
     )
+    if (rebuild_fts or deferred_fts) and result.layout_before == "external":
+        say(
+            "note: the search indexes were already external: --rebuild-fts / --deferred-fts "
+            "had nothing to convert"
+        )
     if result.restamped:
-        click.echo(
+        say(
             "this store had been stamped 22 by an earlier hermes-store: its versions now say "
             "what it has"
         )
     if result.layout_after == "application":
-        click.echo(
+        say(
             "search indexes: the Hermes application's own layout, left as it is "
             "(hermes-store search refuses it; use the agent's search)"
         )
     for item, why in result.healed.items():
-        click.echo(f"repaired {item} ({why})")
+        say(f"repaired {item} ({why})")
     if result.backup is not None:
-        click.echo(f"backup of the store as it was: {result.backup.path}")
+        say(f"backup of the store as it was: {result.backup.path}")
     if result.pending_backfill:
         with operator_errors():
             engine = open_existing(db)
             with engine.connect() as conn:
                 waiting = backfill_status(conn)
         for index, status in waiting.items():
-            click.echo(
+            say(
                 f"{index}: {status['rows_left']} rows left to index: run "
                 "`hermes-store optimize-storage`"
             )
+
+
+def _names(revisions: str | Iterable[str] | None) -> str:
+    if revisions is None:
+        return ""
+    return revisions if isinstance(revisions, str) else ", ".join(revisions)
+
+
+@contextlib.contextmanager
+def _interrupted_upgrade(db: str | None) -> Iterator[None]:
+    """Ctrl-C during a migration: say where the store was left, exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        where = "its previous revision"
+        with contextlib.suppress(Exception):
+            _url, path = store_url(db, create_home=False)
+            if path is not None and path.exists():
+                state = migrate.inspect_file(path)
+                where = (
+                    f"revision {state.revision}"
+                    if state.revision
+                    else f"legacy schema {state.legacy_version}"
+                    if state.legacy_version
+                    else "nothing (no store was created)"
+                )
+            else:
+                where = "nothing (no store was created)"
+        click.echo(
+            f"\ninterrupted: the revision in progress was rolled back; the store is at {where}",
+            err=True,
+        )
+        sys.exit(130)
+
+
+@main.command()
+@click.argument("revision")
+@db_option
+@backup_options
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--i-know-this-deletes-data",
+    "delete_data",
+    is_flag=True,
+    help="With `base`: allow dropping every table of a store that holds conversations.",
+)
+@json_option
+def downgrade(
+    revision: str,
+    db: str | None,
+    backup_to: Path | None,
+    overwrite_backup: bool,
+    yes: bool,
+    delete_data: bool,
+    as_json: bool,
+) -> None:
+    """Take a store back to REVISION (an id from `hermes-store history`, or -1).
+
+    Each revision's downgrade runs in its own transaction. Asks first unless --yes.
+    `base` drops every table: on a store holding conversations it is refused unless
+    --yes --i-know-this-deletes-data are both given. Take a --backup first.
+
+    \b
+    Examples:
+      hermes-store downgrade 21 --db state.db --backup ~/state-before-downgrade.db
+      hermes-store downgrade fts@-1 --db state.db --yes   # search indexes back to inline
+    """
+    if overwrite_backup and backup_to is None:
+        raise click.UsageError("--overwrite-backup only goes with --backup PATH")
+    if delete_data and not yes:
+        raise click.UsageError("--i-know-this-deletes-data only counts together with --yes")
+    with operator_errors():
+        engine = open_existing(db)
+        with engine.connect() as conn:
+            before = migrate.current_revision(conn)
+        engine.dispose()
+        _url, path = store_url(db, create_home=False)
+        if not yes:
+            click.confirm(
+                f"Downgrade {path} from {before or '(unversioned)'} to {revision}?", abort=True
+            )
+        with _interrupted_upgrade(db):
+            start, end = migrate.downgrade(
+                db,
+                revision,
+                backup_to=backup_to,
+                overwrite_backup=overwrite_backup,
+                delete_data=delete_data,
+            )
+    if as_json:
+        _emit({"from": start, "to": end, "backup": str(backup_to) if backup_to else None})
+        return
+    say(f"{start} -> {end or 'base'}")
+    if backup_to is not None:
+        say(f"backup of the store as it was: {backup_to.expanduser().absolute()}")
+
+
+@main.command()
+@click.argument("revision")
+@db_option
+@json_option
+def stamp(revision: str, db: str | None, as_json: bool) -> None:
+    """Record REVISION as the store's version without running anything.
+
+    Refused unless the store really has the schema REVISION declares (schema_version,
+    tables, columns, search layout): a stamp that lies makes the next upgrade skip or repeat
+    steps. An unversioned store needs no stamp: `hermes-store upgrade` adopts it.
+
+    \b
+    Example:
+      hermes-store stamp head --db restored-copy.db
+    """
+    with operator_errors():
+        open_existing(db).dispose()
+        start, end = migrate.stamp(db, revision)
+    if as_json:
+        _emit({"from": start, "to": end})
+    else:
+        say(f"stamped {end} (was {start or 'unversioned'})")
+
+
+@main.command()
+@db_option
+@format_options
+def history(db: str | None, fmt: str) -> None:
+    """List the revisions, newest first; with --db, mark the store's own.
+
+    \b
+    Example:
+      hermes-store history --db state.db
+    """
+    with operator_errors():
+        current: set[str] = set()
+        if db is not None or fmt == "text":
+            with contextlib.suppress(StoreError):
+                engine = open_existing(db)
+                with engine.connect() as conn:
+                    current = set((migrate.current_revision(conn) or "").split(", "))
+                engine.dispose()
+        records = [
+            {
+                "revision": script.revision,
+                "down_revision": _names(script.down_revision),
+                "branch": ", ".join(sorted(script.branch_labels)),
+                "current": script.revision in current,
+                "head": script.is_head,
+                "description": (script.doc or "").strip().splitlines()[0] if script.doc else "",
+            }
+            for script in script_directory().walk_revisions()
+        ]
+    if fmt == "text":
+        for record in records:
+            record["current"] = "current" if record["current"] else ""
+    emit_records(
+        fmt,
+        records,
+        ["revision", "down_revision", "branch", "current", "description"],
+        headers={"down_revision": "after", "current": "store"},
+        styles={"revision": "bold"},
+    )
 
 
 def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
@@ -308,8 +512,8 @@ def _current(engine: Engine) -> dict[str, Any]:
 
 @main.command()
 @db_option
-@json_option
-def current(db: str | None, as_json: bool) -> None:
+@format_options
+def current(db: str | None, fmt: str) -> None:
     """Show the store's revision(s), application schema version and search layout.
 
     \b
@@ -319,21 +523,30 @@ def current(db: str | None, as_json: bool) -> None:
     with operator_errors():
         engine = open_existing(db)
         info = _current(engine)
-    if as_json:
-        _emit(info)
-        return
-    revision = info["revision"] or "(unversioned legacy store)"
-    click.echo(f"revision:      {revision} (head is {info['head']})")
-    click.echo(f"app schema:    {info['legacy_schema']} (the Hermes application's version)")
-    click.echo(f"search layout: {info['fts_layout']}")
+    record = {
+        "revision": info["revision"] or "(unversioned legacy store)",
+        "head": info["head"],
+        "app_schema": info["legacy_schema"],
+        "search_layout": info["fts_layout"],
+    }
+    records = [{"field": key, "value": value} for key, value in record.items()]
     for index, status in info["backfill"].items():
-        click.echo(f"backfill:      {index} {status['state']}, {status['rows_left']} rows left")
+        records.append(
+            {
+                "field": f"backfill {index}",
+                "value": f"{status['state']}, {status['rows_left']} rows left",
+            }
+        )
+    if fmt in ("nl", "csv"):
+        emit_records(fmt, [record], list(record))
+        return
+    emit_records(fmt, records, ["field", "value"], document=info, styles={"field": "bold"})
 
 
 @main.command()
 @db_option
-@json_option
-def stats(db: str | None, as_json: bool) -> None:
+@format_options
+def stats(db: str | None, fmt: str) -> None:
     """Count sessions and messages, sessions per source, and the file size.
 
     \b
@@ -344,49 +557,63 @@ def stats(db: str | None, as_json: bool) -> None:
         engine = open_existing(db)
         with engine.connect() as conn:
             result = store_stats(conn, db_path(str(engine.url)))
-    if as_json:
-        _emit(result.as_dict())
-        return
-    click.echo(f"sessions: {result.sessions}")
-    click.echo(f"messages: {result.messages}")
-    for source, count in result.sessions_by_source.items():
-        click.echo(f"  {source:<12} {count}")
-    click.echo(
-        f"file:     {human_bytes(result.file_bytes)} (+ WAL {human_bytes(result.wal_bytes)})"
-    )
+    records: list[dict[str, Any]] = [
+        {"what": "sessions", "count": result.sessions},
+        {"what": "messages", "count": result.messages},
+        *(
+            {"what": f"sessions from {source}", "count": count}
+            for source, count in result.sessions_by_source.items()
+        ),
+        {"what": "file bytes", "count": result.file_bytes},
+        {"what": "WAL bytes", "count": result.wal_bytes},
+    ]
+    if fmt == "text":
+        records[-2]["count"] = human_bytes(result.file_bytes)
+        records[-1]["count"] = human_bytes(result.wal_bytes)
+    emit_records(fmt, records, ["what", "count"], document=result.as_dict(), right=["count"])
 
 
-def render_storage(report: StorageReport) -> str:
-    """The storage report as a table a person reads in a terminal."""
+def render_storage(report: StorageReport) -> None:
+    """The storage report as tables a person reads in a terminal."""
     total = report.file_bytes or 1
-    lines = [f"layout: {report.layout}", f"{'group':<28}{'size':>12}{'share':>8}"]
-    for group in GROUPS:
-        size = report.groups.get(group, 0)
-        lines.append(f"{group:<28}{human_bytes(size):>12}{size / total:>8.1%}")
-    lines.append(f"{'free pages':<28}{human_bytes(report.free_bytes):>12}")
-    lines.append(f"{'file':<28}{human_bytes(report.file_bytes):>12}")
+    rows: list[dict[str, Any]] = [
+        {"group": group, "size": human_bytes(size), "share": f"{size / total:.1%}"}
+        for group in GROUPS
+        for size in [report.groups.get(group, 0)]
+    ]
+    rows.append({"group": "free pages", "size": human_bytes(report.free_bytes), "share": ""})
+    rows.append({"group": "file", "size": human_bytes(report.file_bytes), "share": ""})
+    emit_records(
+        "text",
+        rows,
+        ["group", "size", "share"],
+        title=f"layout: {report.layout}",
+        right=["size", "share"],
+    )
     if report.layout == "inline" and report.reclaimable_bytes:
-        lines.append(
+        say(
             f"upgrading to external content would reclaim about "
             f"{human_bytes(report.reclaimable_bytes)} "
             f"({report.reclaimable_bytes / total:.0%}) after `hermes-store optimize`"
         )
-    lines.append("")
-    lines.append(f"{'object':<36}{'size':>12}")
-    for name, size in sorted(report.objects.items(), key=lambda item: -item[1])[:15]:
-        lines.append(f"{name:<36}{human_bytes(size):>12}")
-    return "\n".join(lines)
+    biggest = sorted(report.objects.items(), key=lambda item: -item[1])[:15]
+    emit_records(
+        "text",
+        [{"object": name, "size": human_bytes(size)} for name, size in biggest],
+        ["object", "size"],
+        right=["size"],
+    )
 
 
 @main.command()
 @db_option
-@json_option
-def storage(db: str | None, as_json: bool) -> None:
+@format_options
+def storage(db: str | None, fmt: str) -> None:
     """Show where the bytes go: per table and index, grouped, from `dbstat`.
 
     Groups: message data, FTS index data, redundant FTS text copies (the inline
     `*_content` tables the upgrade removes), other. For an inline store it says how much
-    the upgrade would reclaim.
+    the upgrade would reclaim. --nl and --csv give one record per table or index.
 
     \b
     Example:
@@ -397,12 +624,19 @@ def storage(db: str | None, as_json: bool) -> None:
         with engine.connect() as conn:
             report = storage_report(conn)
             waiting = backfill_status(conn) if fts.layout(conn) == "external" else {}
-    if as_json:
+    if fmt == "json":
         _emit({**report.as_dict(), "backfill": waiting})
         return
-    click.echo(render_storage(report))
+    if fmt in ("nl", "csv"):
+        records = [
+            {"object": name, "bytes": size}
+            for name, size in sorted(report.objects.items(), key=lambda item: -item[1])
+        ]
+        emit_records(fmt, records, ["object", "bytes"])
+        return
+    render_storage(report)
     for index, status in waiting.items():
-        click.echo(f"backfill: {index} {status['state']}, {status['rows_left']} rows left")
+        say(f"backfill: {index} {status['state']}, {status['rows_left']} rows left")
 
 
 @main.command()
@@ -427,10 +661,15 @@ def optimize(db: str | None, no_vacuum: bool, as_json: bool) -> None:
     if as_json:
         _emit(result.as_dict())
     else:
-        click.echo(
+        say(
             f"{human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
             f"(reclaimed {human_bytes(result.reclaimed)}; merged {len(result.indexes)} index(es))"
         )
+        if not result.wal_truncated:
+            say(
+                "the WAL was not truncated: a reader stayed open (the agent, a search, a "
+                "backup); its size is counted above and it shrinks at a later checkpoint"
+            )
 
 
 @main.command("optimize-storage")
@@ -481,11 +720,10 @@ def optimize_storage(
                 else:
                     click.echo("no deferred index build is pending: nothing to do")
                 return
-        bar = _backfill_bar(show)
         path = db_path(str(engine.url))
         require_writable(path)
         try:
-            with sqlite_errors(path):
+            with sqlite_errors(path), _backfill_bar(show) as bar:
                 report = backfill.run(
                     engine, chunk_rows=chunk_rows, max_lock_ms=max_lock_ms, duty=duty, progress=bar
                 )
@@ -504,32 +742,32 @@ def optimize_storage(
     if as_json:
         _emit(result)
     else:
-        if show:
-            click.echo("", err=True)
-        click.echo(
+        say(
             f"indexed {report.rows_done} rows in {report.chunks} transactions; longest lock "
             f"{result['longest_lock_ms']} ms, {report.lock_seconds:.1f} s locked in all"
         )
 
 
-def _backfill_bar(show: bool) -> Callable[[backfill.BackfillProgress], None]:
-    """A one-line progress bar with an ETA, drawn on stderr when it is a terminal."""
+@contextlib.contextmanager
+def _backfill_bar(show: bool) -> Iterator[Callable[[backfill.BackfillProgress], None]]:
+    """A rich progress bar with an ETA on stderr, when it is a terminal."""
+    if not show:
+        yield lambda _progress: None
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("rows"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task("indexing", total=None)
 
-    def draw(progress: backfill.BackfillProgress) -> None:
-        if not show:
-            return
-        total = progress.rows_total or 1
-        share = progress.rows_done / total
-        eta = progress.eta_seconds
-        eta_text = f"ETA {eta:5.0f} s" if eta is not None else "ETA     ?"
-        bar = "#" * int(share * 30)
-        click.echo(
-            f"\r[{bar:<30}] {progress.rows_done}/{progress.rows_total} rows  {eta_text}",
-            err=True,
-            nl=False,
-        )
+        def draw(progress: backfill.BackfillProgress) -> None:
+            bar.update(task, completed=progress.rows_done, total=progress.rows_total or None)
 
-    return draw
+        yield draw
 
 
 @main.command()
@@ -556,14 +794,14 @@ def _backfill_bar(show: bool) -> Callable[[backfill.BackfillProgress], None]:
     help="With --repair: empty the broken indexes and refill them in short, resumable "
     "transactions (large stores; external layout only).",
 )
-@json_option
+@format_options
 def check(
     db: str | None,
     quick: bool,
     repair_: bool,
     backup_to: Path | None,
     deferred: bool,
-    as_json: bool,
+    fmt: str,
 ) -> None:
     """Run PRAGMA integrity_check, the search mechanism and FTS5 checks; exit 1 when broken.
 
@@ -585,13 +823,14 @@ def check(
         engine = open_existing(db)
         if repair_:
             try:
-                repaired = repair(
-                    engine,
-                    backup_to=backup_to.expanduser().absolute() if backup_to else None,
-                    deferred=deferred,
-                    quick=quick,
-                    progress=_backfill_bar(_interactive() and not as_json),
-                )
+                with _backfill_bar(_interactive() and fmt == "text") as bar:
+                    repaired = repair(
+                        engine,
+                        backup_to=backup_to.expanduser().absolute() if backup_to else None,
+                        deferred=deferred,
+                        quick=quick,
+                        progress=bar,
+                    )
             except KeyboardInterrupt:
                 click.echo(
                     "\ninterrupted: finished chunks are kept and search stays complete; "
@@ -605,7 +844,7 @@ def check(
         else:
             with engine.connect() as conn:
                 result = check_store(conn, quick=quick)
-    if as_json:
+    if fmt == "json":
         payload: dict[str, Any] = {
             "ok": result.ok,
             "checked": result.checked,
@@ -615,14 +854,22 @@ def check(
         if repair_:
             payload["repair"] = repaired.as_dict()
         _emit(payload)
+    elif fmt in ("nl", "csv"):
+        emit_records(fmt, _check_records(result), ["item", "status", "detail"])
     else:
         if repair_:
             _print_repair(repaired)
-        _print_check(result)
+        emit_records(
+            "text",
+            _check_records(result),
+            ["item", "status", "detail"],
+            headers={"detail": ""},
+            styles={"status": "bold"},
+        )
     if repair_ and repaired.refused:
         click.echo(f"not repaired: {repaired.refused}", err=True)
     if not result.ok:
-        if not as_json:
+        if fmt == "text":
             # Objects broken the same way share one cause: "a, b (cause); c (other cause)".
             causes: dict[str, list[str]] = {}
             for name, problem in result.problems.items():
@@ -634,39 +881,41 @@ def check(
         sys.exit(1)
 
 
-def _width(*names: Iterable[str]) -> int:
-    """The first column's width: 28, or more for a long name (trigger names)."""
-    return max([28, *(len(name) + 1 for group in names for name in group)])
-
-
-def _print_check(result: CheckResult) -> None:
+def _check_records(result: CheckResult) -> list[dict[str, str]]:
+    """One record per check: the PRAGMA, each index, and each wrong mechanism object."""
     # The search mechanism's objects are listed only when wrong ("trigger messages_fts_delete").
     mechanism = [item for item in result.problems if item != "database"]
     mechanism = [item for item in mechanism if item not in result.checked]
-    width = _width(result.checked, mechanism, result.skipped)
+    records = []
     for item in result.checked:
         # The PRAGMA's problems are filed under "database".
         problem = result.problems.get("database" if item.startswith("PRAGMA") else item)
-        click.echo(f"{item:<{width}} {'BROKEN: ' + problem if problem else 'ok'}")
+        records.append(
+            {"item": item, "status": "BROKEN" if problem else "ok", "detail": problem or ""}
+        )
     for item in mechanism:
-        click.echo(f"{item:<{width}} BROKEN: {result.problems[item]}")
+        records.append({"item": item, "status": "BROKEN", "detail": result.problems[item]})
     for item, reason in result.skipped.items():
-        click.echo(f"{item:<{width}} not checked: {reason}")
+        records.append({"item": item, "status": "not checked", "detail": reason})
+    return records
 
 
 def _print_repair(repaired: RepairResult) -> None:
     if not repaired.before.problems:
-        click.echo("nothing to repair: every check passed")
+        say("nothing to repair: every check passed")
         return
     if repaired.backup is not None:
-        click.echo(f"backup of the store before the repair: {repaired.backup}")
-    width = _width(repaired.restored, repaired.repaired)
-    for item, was in repaired.restored.items():
-        click.echo(f"{item:<{width}} restored from this package's definition (it was: {was})")
-    for index, how in repaired.repaired.items():
-        click.echo(f"{index:<{width}} repaired: {how}")
-    if repaired.repaired or repaired.restored:
-        click.echo("checks after the repair:")
+        say(f"backup of the store before the repair: {repaired.backup}")
+    records = [
+        {"item": item, "done": f"restored from this package's definition (it was: {was})"}
+        for item, was in repaired.restored.items()
+    ]
+    records += [
+        {"item": index, "done": f"repaired: {how}"} for index, how in repaired.repaired.items()
+    ]
+    if records:
+        emit_records("text", records, ["item", "done"], headers={"done": ""})
+        say("checks after the repair:")
 
 
 def _shorten(text: str, width: int = 160) -> str:
@@ -674,10 +923,13 @@ def _shorten(text: str, width: int = 160) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _highlight(snippet: str, color: bool) -> str:
-    if not color:
-        return snippet
-    return snippet.replace(">>>", "\x1b[1;33m").replace("<<<", "\x1b[0m")
+def _highlighted(snippet: str) -> Text:
+    """The snippet with the contract's >>> <<< markers shown as emphasis (colour on a
+    terminal; the markers themselves are not printed)."""
+    text = Text()
+    for number, part in enumerate(snippet.replace("<<<", ">>>").split(">>>")):
+        text.append(part, style="bold yellow" if number % 2 else "")
+    return text
 
 
 @contextlib.contextmanager
@@ -699,7 +951,9 @@ def _degraded_said_once() -> Iterator[None]:
 @click.argument("query")
 @db_option
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
-@click.option("--offset", default=0, type=click.IntRange(0))
+@click.option(
+    "--offset", default=0, type=click.IntRange(0, 1_000_000_000), help="Skip this many hits."
+)
 @click.option("--source", "sources", multiple=True, help="Only these sources (repeatable).")
 @click.option("--role", "roles", multiple=True, help="Only these roles (repeatable).")
 @click.option(
@@ -709,7 +963,7 @@ def _degraded_said_once() -> Iterator[None]:
     show_default=True,
 )
 @click.option("--include-inactive", is_flag=True, help="Also rewound messages.")
-@json_option
+@format_options
 def search(
     query: str,
     db: str | None,
@@ -719,13 +973,17 @@ def search(
     roles: tuple[str, ...],
     sort: str,
     include_inactive: bool,
-    as_json: bool,
+    fmt: str,
 ) -> None:
     """Search messages the way the agent's session_search does.
 
+    QUERY uses the agent's syntax: words, "phrases", prefix*, AND / OR / NOT, parentheses,
+    NEAR. A query that starts with "-" goes after `--`, or click takes it for an option.
+
     \b
-    Example:
+    Examples:
       hermes-store search "docker compose" --source telegram --limit 5
+      hermes-store search --db state.db -- "-docker"
     """
     with operator_errors(), _degraded_said_once():
         engine = open_existing(db)
@@ -742,15 +1000,18 @@ def search(
             )
     if hits.degraded:
         click.echo(f"Warning: {hits.degraded}", err=True)
-    if as_json:
-        _emit(hits)
+    if fmt != "text":
+        columns = ["id", "session_id", "source", "role", "timestamp", "snippet"]
+        emit_records(fmt, hits, columns, document=list(hits))
         return
-    color = _color_stdout()
+    out = console()
     for hit in hits:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(hit["timestamp"]))
-        click.echo(f"#{hit['id']} {hit['source']} {hit['role']} {when} session {hit['session_id']}")
+        out.print(
+            Text(f"#{hit['id']} {hit['source']} {hit['role']} {when} session {hit['session_id']}")
+        )
         snippet = " ".join((hit["snippet"] or "").split())
-        click.echo(f"    {_highlight(snippet, color)}")
+        out.print(Text("    ") + _highlighted(snippet))
     if not hits:
         click.echo("no matches", err=True)
 
@@ -785,15 +1046,15 @@ def demo(n_messages: int, directory: Path | None, seed: int) -> None:
 
 def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
     """The demo's steps (see `demo`)."""
-    say = _progress(_interactive())
+    step = _progress(_interactive())
     directory = directory or Path(tempfile.mkdtemp(prefix="hermes-demo-"))
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = directory / "demo.db"
     if path.exists():
         raise click.ClickException(f"{path} exists; pass another --dir or remove it")
-    say(f"generating {n_messages} messages (seed {seed})")
+    step(f"generating {n_messages} messages (seed {seed})")
     data = corpus_mod.generate(n_messages, seed)
-    say("writing a legacy schema-30 store (inline FTS5, as the Hermes agent leaves it)")
+    step("writing a legacy schema-30 store (inline FTS5, as the Hermes agent leaves it)")
     migrate.upgrade(str(path), "30")
     with contextlib.closing(sqlite3.connect(path)) as raw:
         corpus_mod.populate(raw, data)
@@ -804,36 +1065,49 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
     with engine.connect() as conn:
         before = storage_report(conn)
         before_hits = {q: search_messages(conn, q, limit=5) for q in DEMO_QUERIES}
-    click.echo(f"\n== legacy store: {path}\n{render_storage(before)}\n")
-    say("upgrading (adopt, then convert in place)")
+    say(f"\n== legacy store: {path}", style="bold")
+    render_storage(before)
+    step("upgrading (adopt, then convert in place)")
     started = time.perf_counter()
     upgrade_result = migrate.upgrade(str(path))
     upgraded = time.perf_counter() - started
-    say("optimizing (merge, checkpoint, VACUUM)")
-    result = optimize_store(engine, progress=say)
+    step("optimizing (merge, checkpoint, VACUUM)")
+    result = optimize_store(engine, progress=step)
     with engine.connect() as conn:
         after = storage_report(conn)
         after_hits = {q: search_messages(conn, q, limit=5) for q in DEMO_QUERIES}
     engine.dispose()
-    click.echo(
-        f"== upgraded {upgrade_result.from_revision or '(unversioned)'} -> "
+    say(
+        f"\n== upgraded {upgrade_result.from_revision or '(unversioned)'} -> "
         f"{upgrade_result.to_revision} in {upgraded:.2f} s; "
-        f"optimize: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}\n"
-        f"{render_storage(after)}\n"
+        f"optimize: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}",
+        style="bold",
     )
+    render_storage(after)
     ratio = after.file_bytes / before.file_bytes if before.file_bytes else 1.0
-    click.echo(
-        f"== size: {human_bytes(before.file_bytes)} -> {human_bytes(after.file_bytes)} "
-        f"({ratio:.3f}x)\n"
+    say(
+        f"\n== size: {human_bytes(before.file_bytes)} -> {human_bytes(after.file_bytes)} "
+        f"({ratio:.3f}x)\n",
+        style="bold",
     )
-    click.echo("== searches before and after the upgrade")
-    for query in DEMO_QUERIES:
-        same = before_hits[query] == after_hits[query]
-        click.echo(
-            f"{query!r:<24} {len(after_hits[query])} hits  {'identical' if same else 'DIFFERENT'}"
-        )
-        if not same:
-            raise click.ClickException(f"search results differ for {query!r}")
+    records = [
+        {
+            "query": query,
+            "hits": len(after_hits[query]),
+            "result": "identical" if before_hits[query] == after_hits[query] else "DIFFERENT",
+        }
+        for query in DEMO_QUERIES
+    ]
+    emit_records(
+        "text",
+        records,
+        ["query", "hits", "result"],
+        title="== searches before and after the upgrade",
+        right=["hits"],
+    )
+    for record in records:
+        if record["result"] != "identical":
+            raise click.ClickException(f"search results differ for {record['query']!r}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from alembic.operations import Operations
 from alembic.runtime.environment import EnvironmentContext
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
@@ -27,13 +28,16 @@ from alembic import command
 from alembic import context as alembic_context
 from hermes_store import backfill, fts
 from hermes_store.backup import BackupResult, backup, backup_from
+from hermes_store.backup import check_target as check_backup_target
 from hermes_store.engine import (
     BEGIN_OPTION,
+    ENV_URL,
     check_side_files,
     create_store_engine,
     db_path,
     require_writable,
     resolve_url,
+    side_files,
     sqlite_errors,
     writable_problem,
 )
@@ -514,6 +518,58 @@ def _refuse_going_back(state: StoreState, app_version: int | None) -> None:
         )
 
 
+def _refuse_older_revision(state: StoreState, revision: str) -> None:
+    """An upgrade to a revision the store is already past is a downgrade: refuse it."""
+    if state.kind == "new" or revision in ("head", "heads") or revision[:1] in "+-":
+        return
+    script = script_directory()
+    current = state.revisions or (
+        (str(state.legacy_version),) if state.legacy_version is not None else ()
+    )
+    try:
+        wanted = {rev.revision for rev in script.get_revisions(revision) if rev is not None}
+        below = {rev.revision for rev in script.iterate_revisions(current, "base")}
+    except Exception as exc:  # unknown revision: Alembic itself says so, below
+        log.debug("revision check skipped: %s", exc)
+        return
+    if wanted <= set(current):
+        return  # already there: nothing to do, said as such
+    past = sorted(wanted & below - set(current))
+    if past:
+        raise StoreError(
+            f"{state.path} is at revision {', '.join(current)}, already past {revision}: an "
+            "upgrade never goes back; nothing was changed. To go back, run "
+            f"`hermes-store downgrade {revision}`"
+        )
+
+
+def _missing(path: Path | None) -> list[Path]:
+    """The store file and its parent directories that do not exist yet (deepest first)."""
+    missing: list[Path] = []
+    current = path
+    while current is not None and not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    return missing
+
+
+@contextlib.contextmanager
+def _removed_on_failure(created: list[Path]) -> Iterator[None]:
+    """Remove what this command created (the new store, its side files, its directories)
+    when it fails: a failed command leaves nothing behind."""
+    try:
+        yield
+    except BaseException:
+        if created:
+            for leftover in (created[0], *side_files(created[0])):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
+            for directory in created[1:]:
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+        raise
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What the workflow did before any revision ran."""
@@ -568,8 +624,15 @@ def upgrade(
     x: Mapping[str, str] | None = None,
     backup_to: str | os.PathLike[str] | None = None,
     overwrite_backup: bool = False,
+    create: bool = True,
 ) -> UpgradeResult:
     """Upgrade a store (adopting a legacy one) and say what was done.
+
+    A store that does not exist is created (``create=False`` refuses it instead, with
+    nothing created); when the upgrade of a store it created fails, the file and the
+    directories made for it are removed. ``revision`` below the store's own is refused
+    (that is a downgrade). A ``backup_to`` that cannot be used is refused before anything
+    is opened.
 
     The relational schema goes to ``app_version`` (default: the newest the package
     supports) and the search layout to the FTS branch's head; ``revision`` names one
@@ -585,8 +648,24 @@ def upgrade(
     elif app_version is not None:
         app_version = parse_app_version(app_version)
     targets = _targets(revision, app_version)
-    resolved = resolve_url(url)
-    with _writer(resolved, app_version, backup_to, overwrite_backup) as (conn, state, prepared):
+    resolved = resolve_url(url, create_home=False)
+    path = db_path(resolved)
+    created = _missing(path)
+    if created and not create:
+        raise StoreNotFound(
+            f"{path}: no such store; nothing was created. Check the path (--db, "
+            f"{ENV_URL}), or pass --create to start a new, empty store there"
+        )
+    if backup_to is not None:
+        check_backup_target(backup_to, path, overwrite=overwrite_backup)
+    with (
+        _removed_on_failure(created),
+        _writer(resolved, app_version, backup_to, overwrite_backup, revision=revision) as (
+            conn,
+            state,
+            prepared,
+        ),
+    ):
         _, schema_before, layout_before = _facts(conn)
         cfg = alembic_config(resolved, connection=conn, x=x_args)
         for target in targets:
@@ -623,6 +702,7 @@ def _writer(
     overwrite_backup: bool,
     *,
     existing: bool = False,
+    revision: str | None = None,
 ) -> Iterator[tuple[Connection, StoreState, Prepared]]:
     """Classify the store once (read-only), then hold one connection that takes the write
     lock at each BEGIN, with the backup taken and the store adopted or restamped on it.
@@ -634,6 +714,8 @@ def _writer(
     if existing and state.kind == "new":
         raise StoreNotFound(f"{path}: nothing to downgrade, the store does not exist")
     _refuse_going_back(state, app_version)
+    if revision is not None:
+        _refuse_older_revision(state, revision)
     require_writable(path)
     engine = create_store_engine(resolved)
     try:
@@ -667,6 +749,11 @@ def _heal_search(conn: Connection) -> dict[str, str]:
     return healed
 
 
+#: `-x` option (and `downgrade(..., delete_data=True)`) that lets a downgrade to base delete
+#: the conversations it holds.
+DELETE_DATA_X = "i_know_this_deletes_data"
+
+
 def downgrade(
     url: str | None = None,
     revision: str = "-1",
@@ -674,14 +761,127 @@ def downgrade(
     x: Mapping[str, str] | None = None,
     backup_to: str | os.PathLike[str] | None = None,
     overwrite_backup: bool = False,
+    delete_data: bool = False,
 ) -> tuple[str | None, str | None]:
-    """Run ``alembic downgrade`` on a store; return (from, to) revisions."""
-    resolved = resolve_url(url)
+    """Run ``alembic downgrade`` on a store; return (from, to) revisions.
+
+    Going to ``base`` drops every table: on a store that holds sessions or messages it is
+    refused (StoreError, nothing changed) unless ``delete_data``. ``backup_to`` is checked
+    before anything is opened and written before the first revision runs.
+    """
+    resolved = resolve_url(url, create_home=False)
+    path = db_path(resolved)
+    if path is not None and not path.exists():
+        raise StoreNotFound(f"{path}: no such store; nothing to downgrade")
+    if backup_to is not None:
+        check_backup_target(backup_to, path, overwrite=overwrite_backup)
+    if revision == "base" and not delete_data:
+        _refuse_deleting_data(
+            path, "`hermes-store downgrade base --yes --i-know-this-deletes-data`"
+        )
     with _writer(resolved, None, backup_to, overwrite_backup, existing=True) as (conn, _, _):
         before = current_revision(conn)
         command.downgrade(alembic_config(resolved, connection=conn, x=x), revision)
         _settle(conn)
         return before, current_revision(conn)
+
+
+def _refuse_deleting_data(path: Path | None, how: str) -> None:
+    """Refuse a downgrade to base of a store that holds conversations (read-only look)."""
+    if path is None or not path.exists():
+        return
+    held: dict[str, int] = {}
+    with _read_only(path) as conn:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        for table in ("sessions", "messages"):
+            if table in tables:
+                held[table] = int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    if any(held.values()):
+        raise StoreError(
+            "a downgrade to base drops every table: it would delete "
+            f"{held.get('sessions', 0)} session(s) and {held.get('messages', 0)} message(s). "
+            f"Nothing was changed. If that is what you want, back up first, then run {how}"
+        )
+
+
+def schema_differences(conn: Connection, revision: str) -> list[str]:
+    """How the store on ``conn`` differs from what ``revision`` declares (empty: it matches).
+
+    Compared: `schema_version` with the application version the revision includes, the
+    tables and their columns with a store created at that version, and the search layout
+    (external content once the revision includes the FTS branch, inline before).
+    """
+    script = script_directory()
+    wanted = tuple(rev.revision for rev in script.get_revisions(revision) if rev is not None)
+    if not wanted:
+        return []  # base: nothing is declared
+    included = {rev.revision for rev in script.iterate_revisions(wanted, "base")}
+    version = max(int(rev) for rev in included if rev.isdigit())
+    problems: list[str] = []
+    with _transaction(conn):
+        try:
+            found = conn.exec_driver_sql("SELECT version FROM schema_version").scalar()
+        except DBAPIError:
+            found = None
+        if found != version:
+            problems.append(f"schema_version is {found}, revision {revision} means {version}")
+        actual = _describe(conn)
+        layout = fts.layout(conn)
+    reference = reference_schema(str(version))
+    for table, spec in reference.items():
+        if table not in actual:
+            problems.append(f"table {table} is missing")
+            continue
+        missing = sorted(set(spec["columns"]) - set(actual[table]["columns"]))
+        extra = sorted(set(actual[table]["columns"]) - set(spec["columns"]))
+        if missing:
+            problems.append(f"{table} lacks {', '.join(missing)}")
+        if extra:
+            problems.append(f"{table} has {', '.join(extra)}, which {version} does not")
+    for table in sorted(set(actual) - set(reference) - {"alembic_version"}):
+        problems.append(f"table {table} is not in schema {version}")
+    expected = "external" if FTS_EXTERNAL_REVISION in included else "inline"
+    if layout != expected:
+        problems.append(f"the search layout is {layout}, revision {revision} means {expected}")
+    return problems
+
+
+def _more(rest: list[str]) -> str:
+    return f" (and {len(rest)} more differences)" if rest else ""
+
+
+def stamp(url: str | None, revision: str) -> tuple[str | None, str | None]:
+    """Record ``revision`` in alembic_version without running anything; return (from, to).
+
+    Refused (StoreError, nothing changed) unless the store really has the schema that
+    revision declares (see :func:`schema_differences`): a stamp that lies would make the
+    next upgrade skip or repeat steps.
+    """
+    resolved = resolve_url(url, create_home=False)
+    path = db_path(resolved)
+    engine = create_store_engine(resolved, create=False)
+    try:
+        with sqlite_errors(path), engine.connect() as conn:
+            conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+            try:
+                problems = schema_differences(conn, revision)
+            except CommandError:
+                raise
+            except Exception as exc:  # an unknown revision name
+                raise StoreError(f"{revision}: not a revision of hermes-store ({exc})") from None
+            if problems:
+                raise StoreError(
+                    f"stamp {revision} refused, the store does not have that schema: "
+                    f"{'; '.join(problems[:4])}{_more(problems[4:])}. Nothing was changed. "
+                    "`hermes-store upgrade` adopts an unversioned store by itself"
+                )
+            before = current_revision(conn)
+            cfg = alembic_config(resolved, connection=conn)
+            command.stamp(cfg, revision, purge=True)
+            _settle(conn)
+            return before, current_revision(conn)
+    finally:
+        engine.dispose()
 
 
 def run_env(
@@ -736,6 +936,10 @@ def run_env(
             rev,
         )
     overwrite = x.get(BACKUP_OVERWRITE_X, "").lower() in ("1", "true", "yes")
+    if x.get(BACKUP_X):
+        check_backup_target(x[BACKUP_X], path, overwrite=overwrite)
+    if destination is None and x.get(DELETE_DATA_X, "").lower() not in ("1", "true", "yes"):
+        _refuse_deleting_data(path, f"`alembic -x {DELETE_DATA_X}=true downgrade base`")
     with _writer(resolved, app_version, x.get(BACKUP_X) or None, overwrite) as (conn, _, _):
         run(conn, **overrides)
 
@@ -801,6 +1005,8 @@ __all__ = [
     "prepare_store",
     "restamp_misstamped",
     "run_env",
+    "schema_differences",
     "script_directory",
+    "stamp",
     "upgrade",
 ]

@@ -18,7 +18,7 @@ from legacy.build import build_legacy_store, insert_legacy_rows
 from hermes_store import migrate
 from hermes_store.backup import backup
 from hermes_store.cli import main
-from hermes_store.errors import UnsafePath
+from hermes_store.errors import StoreNotFound, UnsafePath
 
 SESSIONS = [{"id": "s1", "source": "cli", "started_at": 1.0}]
 MESSAGES = [
@@ -152,15 +152,23 @@ def test_leftovers_of_a_killed_backup_are_removed_by_the_next(store: Path, tmp_p
     assert unrelated.exists()  # another destination's files are not this backup's to judge
 
 
-def test_directories_created_for_a_backup_are_private_whatever_the_umask(
+def test_a_backup_into_a_missing_directory_is_refused_and_creates_nothing(
     store: Path, tmp_path: Path
 ) -> None:
+    """A mistyped --backup directory is an error, not a new directory tree."""
     dest = tmp_path / "new" / "deeper" / "state.bak"
+    before = store.read_bytes()
+    with pytest.raises(StoreNotFound, match="no such directory"):
+        backup(str(store), dest)
+    assert not (tmp_path / "new").exists()
+    assert store.read_bytes() == before
+
+
+def test_a_backup_is_private_whatever_the_umask(store: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "state.bak"
     previous = os.umask(0)
     try:
         backup(str(store), dest)
     finally:
         os.umask(previous)
-    for directory in (tmp_path / "new", tmp_path / "new" / "deeper"):
-        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
     assert stat.S_IMODE(dest.stat().st_mode) == 0o600

@@ -6,13 +6,17 @@ The JSON a command prints is checked against the database itself (read with the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -27,6 +31,8 @@ from hermes_store.cli import main
 from hermes_store.engine import ENV_BUSY_TIMEOUT, create_store_engine
 from hermes_store.search import search_messages
 from hermes_store.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 HEAD = migrate.head_revision()
 FTS_INDEXES = ["messages_fts", "messages_fts_trigram"]
@@ -247,10 +253,10 @@ def test_upgrade_adopts_and_converts_a_legacy_store(legacy_store: Path) -> None:
     assert scalar(legacy_store, "SELECT version_num FROM alembic_version") == HEAD
     assert scalar(legacy_store, "SELECT count(*) FROM messages") == messages
     assert invoke_json("current", "--db", legacy_store)["fts_layout"] == "external"
-    # Nothing left to do: the second run goes from head to head.
+    # Nothing left to do: the second run says so.
     text = invoke("upgrade", "--db", legacy_store).stdout
-    assert text.startswith(f"{HEAD} -> {HEAD} in ")
-    assert text.splitlines()[0].endswith(" s")
+    assert text.startswith(f"already at {HEAD}: nothing to do")
+    assert text.splitlines()[0].endswith(" s)")
 
 
 def test_upgrade_text_names_the_legacy_schema(legacy_store: Path) -> None:
@@ -261,7 +267,7 @@ def test_upgrade_text_names_the_legacy_schema(legacy_store: Path) -> None:
 
 def test_upgrade_creates_a_store_step_by_step(tmp_path: Path) -> None:
     path = tmp_path / "new" / "state.db"
-    assert invoke("upgrade", "--db", path, "--revision", "21").stdout.startswith(
+    assert invoke("upgrade", "--db", path, "--revision", "21", "--create").stdout.startswith(
         "(new store) -> 21 in "
     )
     assert scalar(path, "SELECT version_num FROM alembic_version") == "21"
@@ -271,7 +277,7 @@ def test_upgrade_creates_a_store_step_by_step(tmp_path: Path) -> None:
 
 
 def test_upgrade_resolves_the_default_store_in_hermes_home(isolated_home: Path) -> None:
-    invoke("upgrade")
+    invoke("upgrade", "--create")
     assert scalar(isolated_home / "state.db", "SELECT version_num FROM alembic_version") == HEAD
 
 
@@ -306,8 +312,11 @@ def test_current_on_a_legacy_store(legacy_store: Path) -> None:
     assert data["fts_indexes"] == dict.fromkeys(FTS_INDEXES, "inline")
     text = invoke("current", "--db", legacy_store).stdout
     assert "unversioned" in text
-    assert "app schema:    21" in text
-    assert "search layout: inline" in text
+    assert re.search(r"app_schema +21", text)
+    assert re.search(r"search_layout +inline", text)
+    csv_lines = invoke("current", "--db", legacy_store, "--csv").stdout.splitlines()
+    assert csv_lines[0] == "revision,head,app_schema,search_layout"
+    assert csv_lines[1].endswith(",21,inline")
 
 
 def test_stats_json_matches_the_database(head_store: Path) -> None:
@@ -320,7 +329,7 @@ def test_stats_json_matches_the_database(head_store: Path) -> None:
     assert data["file_bytes"] == head_store.stat().st_size
     assert data["wal_bytes"] == 0
     text = invoke("stats", "--db", head_store).stdout
-    assert f"messages: {data['messages']}" in text
+    assert re.search(rf"messages +{data['messages']}\n", text)
     assert "KiB" in text or "MiB" in text
 
 
@@ -503,7 +512,15 @@ def test_check_passes_on_healthy_stores(head_store: Path, legacy_store: Path) ->
             "skipped": {},
         }
     text = invoke("check", "--db", head_store, "--quick").stdout
-    assert text.splitlines()[0].split() == ["PRAGMA", "quick_check", "ok"]
+    assert text.splitlines()[1].split() == ["PRAGMA", "quick_check", "ok"]
+    records = invoke("check", "--db", head_store, "--nl").stdout.splitlines()
+    assert [json.loads(line)["item"] for line in records] == [
+        "PRAGMA integrity_check",
+        *FTS_INDEXES,
+    ]
+    csv_lines = invoke("check", "--db", head_store, "--csv").stdout.splitlines()
+    assert csv_lines[0] == "item,status,detail"
+    assert csv_lines[1] == "PRAGMA integrity_check,ok,"
 
 
 def damage_word_index(path: Path) -> None:
@@ -634,10 +651,15 @@ def test_search_text_highlights_only_on_a_terminal(
     piped = invoke("search", "the", "--db", head_store, "--limit", "2").stdout
     assert "\x1b[" not in piped
     assert piped.startswith("#")
-    monkeypatch.setattr(cli, "_color_stdout", lambda: True)
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
     shown = invoke("search", "the", "--db", head_store, "--limit", "2", color=True).stdout
     assert "\x1b[1;33m" in shown
     assert ">>>" not in shown
+    monkeypatch.setenv("NO_COLOR", "1")
+    plain = invoke("search", "the", "--db", head_store, "--limit", "2", color=True).stdout
+    assert "\x1b[1;33m" not in plain
+    assert "\x1b[33m" not in plain
 
 
 def test_search_without_matches(head_store: Path) -> None:
@@ -844,3 +866,161 @@ def test_json_happy_path_in_a_real_process(head_store: Path) -> None:
     data = json.loads(proc.stdout)
     assert data["messages"] == scalar(head_store, "SELECT count(*) FROM messages")
     assert data["file_bytes"] == head_store.stat().st_size
+
+
+# --------------------------------------------------------------------------------------
+# the store is never touched by mistake; every migration verb
+# --------------------------------------------------------------------------------------
+
+
+def test_a_mistyped_db_creates_nothing(tmp_path: Path) -> None:
+    tmp_path = tmp_path / "work"
+    tmp_path.mkdir()
+    typo = tmp_path / "no-such-dir" / "sate.db"
+    for args in (("upgrade",), ("check",), ("optimize",), ("stats",), ("downgrade", "21", "-y")):
+        result = invoke(*args, "--db", typo, expect=None)
+        assert_one_line_error(result, str(typo.parent))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_create_leaves_no_file(tmp_path: Path) -> None:
+    tmp_path = tmp_path / "work"
+    tmp_path.mkdir()
+    path = tmp_path / "new" / "state.db"
+    result = invoke("upgrade", "--db", path, "--create", "--revision", "nonesuch", expect=None)
+    assert_one_line_error(result, "nonesuch")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_upgrade_below_the_current_revision_points_to_downgrade(head_store: Path) -> None:
+    before = fingerprint(head_store)
+    result = invoke("upgrade", "--db", head_store, "--revision", "21", expect=None)
+    assert_one_line_error(result, "already past 21", "hermes-store downgrade 21")
+    assert fingerprint(head_store) == before
+
+
+def test_backup_options_that_cannot_apply_are_refused(head_store: Path, tmp_path: Path) -> None:
+    before = fingerprint(head_store)
+    result = invoke("upgrade", "--db", head_store, "--backup", head_store, expect=None)
+    assert_one_line_error(result, "destroy the store")
+    missing = tmp_path / "missing" / "b.db"
+    result = invoke("upgrade", "--db", head_store, "--backup", missing, expect=None)
+    assert_one_line_error(result, "no such directory")
+    result = invoke("upgrade", "--db", head_store, "--overwrite-backup", expect=None)
+    assert result.exit_code == 2
+    assert "--overwrite-backup only goes with --backup" in result.stderr
+    assert fingerprint(head_store) == before
+    assert not (tmp_path / "missing").exists()
+
+
+def test_downgrade_and_upgrade_again(head_store: Path, tmp_path: Path) -> None:
+    messages = scalar(head_store, "SELECT count(*) FROM messages")
+    backup_path = tmp_path / "before-downgrade.db"
+    data = invoke_json("downgrade", "30", "--db", head_store, "--yes", "--backup", backup_path)
+    assert (data["from"], data["to"]) == (HEAD, "30, fts1")
+    assert backup_path.exists()
+    assert scalar(backup_path, "SELECT version_num FROM alembic_version") == HEAD
+    data = invoke_json("downgrade", "fts@-1", "--db", head_store, "--yes")
+    assert data["to"] == "30"
+    assert invoke_json("current", "--db", head_store)["fts_layout"] == "inline"
+    assert scalar(head_store, "SELECT count(*) FROM messages") == messages
+    assert invoke_json("upgrade", "--db", head_store)["to"] == HEAD
+
+
+def test_downgrade_asks_first(head_store: Path) -> None:
+    before = fingerprint(head_store)
+    result = CliRunner().invoke(main, ["downgrade", "30", "--db", str(head_store)], input="n\n")
+    assert result.exit_code == 1
+    assert "Downgrade" in result.output
+    assert fingerprint(head_store) == before
+
+
+def test_downgrade_to_base_needs_both_flags(head_store: Path) -> None:
+    before = fingerprint(head_store)
+    result = invoke("downgrade", "base", "--db", head_store, "--yes", expect=None)
+    assert_one_line_error(result, "would delete", "200 message(s)", "--i-know-this-deletes-data")
+    assert fingerprint(head_store) == before
+    result = invoke("downgrade", "base", "--db", head_store, "--i-know-this-deletes-data", expect=2)
+    assert fingerprint(head_store) == before
+    invoke("downgrade", "base", "--db", head_store, "--yes", "--i-know-this-deletes-data")
+    assert query(head_store, "SELECT name FROM sqlite_master WHERE name = 'messages'") == []
+
+
+def test_stamp_refuses_a_schema_the_store_does_not_have(head_store: Path) -> None:
+    before = fingerprint(head_store)
+    result = invoke("stamp", "21", "--db", head_store, expect=None)
+    assert_one_line_error(result, "stamp 21 refused", "schema_version is 30")
+    assert fingerprint(head_store) == before
+    # A copy whose alembic_version was lost: stamping what it really has is accepted.
+    with contextlib.closing(sqlite3.connect(head_store)) as conn:
+        conn.execute("DELETE FROM alembic_version")
+        conn.commit()
+    assert invoke_json("stamp", "head", "--db", head_store)["to"] == HEAD
+    assert scalar(head_store, "SELECT version_num FROM alembic_version") == HEAD
+
+
+def test_history_lists_every_revision_and_marks_the_store(head_store: Path) -> None:
+    records = [
+        json.loads(line)
+        for line in invoke("history", "--db", head_store, "--nl").stdout.splitlines()
+    ]
+    assert records[0]["revision"] == HEAD
+    assert {r["revision"] for r in records} >= {"17", "21", "30", "fts1", HEAD}
+    assert [r["revision"] for r in records if r["current"]] == [HEAD]
+    assert "merge_30_fts1" in invoke("history").stdout
+
+
+def test_offline_sql_writes_sql_or_refuses_in_one_line(tmp_path: Path) -> None:
+    tmp_path = tmp_path / "work"
+    tmp_path.mkdir()
+    alembic = [sys.executable, "-m", "alembic", "-c", str(PROJECT_ROOT / "alembic.ini")]
+    ok = subprocess.run(
+        [*alembic, "upgrade", "17", "--sql"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5" in ok.stdout
+    assert "Traceback" not in ok.stderr
+    refused = subprocess.run(
+        [*alembic, "upgrade", "head", "--sql"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert refused.returncode != 0
+    # Alembic logs the failure on stderr (and repeats it as `FAILED: ...` on stdout).
+    errors = [line for line in refused.stderr.splitlines() if not line.startswith("INFO")]
+    assert len(errors) == 1, refused.stderr
+    assert "revision fts1 cannot be written as offline SQL" in errors[0]
+    assert "CREATE" not in refused.stdout  # nothing written before the refusal
+    assert "Traceback" not in refused.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_maintenance_waits_for_a_short_write_lock(head_store: Path) -> None:
+    """The agent holds its write lock for 1 s: check, optimize and --repair wait, then run."""
+    damage_word_index(head_store)  # so that --repair has something to write
+    for args in (("optimize", "--no-vacuum"), ("check", "--repair"), ("check",)):
+        locked = threading.Event()
+
+        def agent(locked: threading.Event = locked) -> None:
+            with write_lock(head_store):
+                locked.set()
+                time.sleep(1.0)
+
+        holder = threading.Thread(target=agent)
+        holder.start()
+        try:
+            assert locked.wait(10)
+            result = invoke(*args, "--db", head_store, "--json")
+        finally:
+            holder.join()
+        assert json.loads(result.stdout)["ok" if args[0] == "check" else "vacuumed"] in (
+            True,
+            False,
+        )
+    assert invoke_json("check", "--db", head_store)["ok"] is True

@@ -102,9 +102,8 @@ def test_every_file_the_project_creates_is_private(
         store.append_message("s", NewMessage("user", "hello"))
         for side in ("", "-wal", "-shm"):
             assert mode(Path(f"{path}{side}")) == 0o600, side
-        taken = backup(str(path), tmp_path / "backups" / "nested" / "copy.db")
+        taken = backup(str(path), tmp_path / "copy.db")
         assert mode(taken.path) == 0o600
-        assert mode(taken.path.parent) == 0o700
     assert invoke("upgrade", "--db", path, "--backup", tmp_path / "upgrade.bak").exit_code == 0
     assert mode(tmp_path / "upgrade.bak") == 0o600
     demo = tmp_path / "demo"
@@ -257,7 +256,7 @@ def test_the_cli_never_prints_message_text_on_stderr(
             sys.executable,
             "-c",
             VERBOSE_CLI,
-            json.dumps([[*c, "--db", str(path)] for c in commands]),
+            json.dumps([["-vv", *c, "--db", str(path)] for c in commands]),
         ],
         capture_output=True,
         text=True,
@@ -292,6 +291,7 @@ def test_upgrade_backup_is_a_private_copy_of_the_store_as_it_was(
     path = copy_store(templates["legacy"], tmp_path / "state.db")
     before = logical(path)
     dest = tmp_path / "safe" / "state-before-22.db"
+    dest.parent.mkdir()
     result = invoke("upgrade", "--db", path, "--backup", dest, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["backup"] == str(dest)
@@ -329,7 +329,7 @@ def test_an_existing_backup_file_is_never_overwritten_unasked(
 
 def test_a_new_store_has_nothing_to_back_up(tmp_path: Path) -> None:
     dest = tmp_path / "nothing.bak"
-    result = invoke("upgrade", "--db", tmp_path / "new.db", "--backup", dest, "--json")
+    result = invoke("upgrade", "--db", tmp_path / "new.db", "--create", "--backup", dest, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["backup"] is None
     assert not dest.exists()
@@ -509,6 +509,7 @@ def test_repair_with_a_chosen_backup_path_and_json(
     path = copy_store(templates["head"], tmp_path / "state.db")
     damage(path, "messages_fts_trigram")
     dest = tmp_path / "kept" / "before-repair.db"
+    dest.parent.mkdir()
     result = invoke("check", "--db", path, "--repair", "--backup", dest, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

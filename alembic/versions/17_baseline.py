@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from alembic import op
+from alembic import context, op
 
 revision: str = "17"
 down_revision: str | None = None
@@ -195,7 +195,14 @@ TABLES = ("compression_locks", "state_meta", "messages", "sessions", "schema_ver
 
 
 def _try_execute(statement: str) -> str | None:
-    """Run one statement inside a SAVEPOINT; return SQLite's refusal instead of raising."""
+    """Run one statement inside a SAVEPOINT; return SQLite's refusal instead of raising.
+
+    Offline (`--sql`) the statement is emitted as is: the SQL is for a SQLite with FTS5 and
+    the trigram tokenizer (3.34 and newer).
+    """
+    if context.is_offline_mode():
+        op.execute(statement)
+        return None
     bind = op.get_bind()
     try:
         with bind.begin_nested():

@@ -34,6 +34,11 @@ down_revision: str | None = "17"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+#: Why this revision cannot be written out as SQL by `--sql` (offline mode).
+OFFLINE_REFUSAL = (
+    "it reads the gateway's sessions.json and the store's columns to backfill the gateway metadata"
+)
+
 log = logging.getLogger("alembic.runtime.migration")
 
 #: Added only when missing: a legacy build adds its columns on every open but bumps the

@@ -25,6 +25,9 @@ down_revision: str | None = "21"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+#: Why this revision cannot be written out as SQL by `--sql` (offline mode).
+OFFLINE_REFUSAL = "it reads the columns of session_model_usage to decide how to rebuild it"
+
 SESSION_MODEL_USAGE_TABLE = """
 CREATE TABLE session_model_usage (
     session_id TEXT NOT NULL,

@@ -26,6 +26,9 @@ down_revision: str | None = "22"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+#: Why this revision cannot be written out as SQL by `--sql` (offline mode).
+OFFLINE_REFUSAL = "it reads the word index's declaration to decide whether to set the flag"
+
 FLAG = "fts_optimize_available"
 
 

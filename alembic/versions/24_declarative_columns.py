@@ -26,6 +26,9 @@ down_revision: str | None = "23"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+#: Why this revision cannot be written out as SQL by `--sql` (offline mode).
+OFFLINE_REFUSAL = "it adds only the columns each table of the store lacks, which it reads"
+
 NEW_COLUMNS = {
     "sessions": {
         "git_metadata_generation": "INTEGER NOT NULL DEFAULT 0",

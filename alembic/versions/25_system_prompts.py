@@ -29,6 +29,11 @@ down_revision: str | None = "24"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+#: Why this revision cannot be written out as SQL by `--sql` (offline mode).
+OFFLINE_REFUSAL = (
+    "it moves each session's system prompt into system_prompts with a hash computed in Python"
+)
+
 SYSTEM_PROMPTS_TABLE = """
 CREATE TABLE IF NOT EXISTS system_prompts (
     hash TEXT PRIMARY KEY,

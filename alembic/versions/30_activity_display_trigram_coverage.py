@@ -42,6 +42,11 @@ down_revision: str | None = "29"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+#: Why this revision cannot be written out as SQL by `--sql` (offline mode).
+OFFLINE_REFUSAL = (
+    "it reads the store's columns, triggers and search layout to decide what to change"
+)
+
 EFFECTIVE_ACTIVITY_INDEX = (
     "CREATE INDEX IF NOT EXISTS idx_sessions_effective_activity"
     " ON sessions(COALESCE(last_activity_at, started_at) DESC, started_at DESC)"

@@ -60,6 +60,9 @@ down_revision: str | None = "17"
 branch_labels: str | Sequence[str] | None = ("fts",)
 depends_on: str | Sequence[str] | None = None
 
+#: Why this revision cannot be written out as SQL by `--sql` (offline mode).
+OFFLINE_REFUSAL = "it verifies the legacy index against the messages before converting it in place"
+
 log = logging.getLogger("alembic.runtime.migration")
 
 WORD = "messages_fts"
