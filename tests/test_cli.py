@@ -833,9 +833,15 @@ def test_locked_store_refuses_writing_commands(
     assert invoke_json("current", "--db", legacy_store)["fts_layout"] == "inline"
 
     with write_lock(head_store):
-        for command in (["optimize"], ["optimize", "--no-vacuum"], ["check"]):
+        for command in (
+            ["optimize"],
+            ["optimize", "--no-vacuum"],
+            ["check"],
+            ["check", "--repair"],
+        ):
             result = invoke(*command, "--db", head_store, expect=None)
-            assert_one_line_error(result, "locked")
+            # It waited, and says for how long: the truth, not a claim.
+            assert_one_line_error(result, "locked", "busy timeout (0.15 s)")
             assert "broken" not in result.output  # a held lock is not damage
         # Readers are not blocked by a writer (WAL).
         assert invoke_json("stats", "--db", head_store)["messages"] == 200
