@@ -474,6 +474,8 @@ def _fetch_hits(
 # and stops at the first NUL. So LIKE (fast, in C) only decides for rows that are plain
 # ASCII; every other row is tested in Python on text folded at least as far as FTS5 folds
 # it (`_fold`).
+#: FTS5's trigram tokenizer indexes runs of this many characters.
+TRIGRAM_LENGTH = 3
 _TERM = re.compile(r"[^\W_]+")  # unicode61 token characters: letters and digits, not "_"
 _QUOTED = re.compile(r'"(?:[^"]|"")*"')
 _FTS_OPERATORS = frozenset({"AND", "OR", "NOT"})  # bare NEAR without "(" is a plain term
@@ -514,15 +516,19 @@ def _candidate_terms(route: _Route) -> tuple[list[str], bool]:
     When the MATCH expression has no bare OR / NOT, every term is required; otherwise every
     matching row contains at least one of the terms.
     """
+    # FTS5 reads a MATCH expression only up to its first NUL: so does this filter.
+    visible = route.match.split("\0", 1)[0]
     if route.index == TRIGRAM_INDEX:
-        terms = [_fold(token) for token in route.like_tokens if token]
-        operators = _QUOTED.sub(" ", route.match).split()
+        # A trigram term shorter than 3 characters has no trigram: FTS5 treats it as a
+        # phrase of no tokens, neutral beside other terms and matching nothing alone.
+        terms = [_fold(token) for token in route.like_tokens if len(token) >= TRIGRAM_LENGTH]
+        operators = _QUOTED.sub(" ", visible).split()
     else:
         # Operators are bare words outside quotes; inside a phrase every word is a token.
-        words = _QUOTED.sub(" ", route.match).split()
+        words = _QUOTED.sub(" ", visible).split()
         operators = [word for word in words if word in _FTS_OPERATORS]
         parts = [word for word in words if word not in _FTS_OPERATORS]
-        parts += _QUOTED.findall(route.match)
+        parts += _QUOTED.findall(visible)
         # "_" and the other non-token characters separate unicode61 tokens.
         terms = [_fold(term) for part in parts for term in _TERM.findall(part)]
     require_all = not any(word in ("OR", "NOT") for word in operators)
