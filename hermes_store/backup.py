@@ -134,19 +134,30 @@ _PARTIAL = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.\d+\.partial(?:-journal|-w
 
 
 def _remove_leftovers(target: Path) -> None:
-    """Remove what a killed backup to ``target`` left: its hidden partial copies.
+    """Remove what a killed backup to ``target`` left: its hidden partial copies."""
+    remove_partials(target.parent, name=target.name)
+
+
+def remove_partials(directory: Path, *, name: str | None = None) -> list[Path]:
+    """Remove the hidden partial copies killed backups left in ``directory`` (only those of
+    backups to ``name`` when given); return them.
 
     Only files of processes that no longer run: a backup under way keeps its own.
     """
-    if not target.parent.is_dir():
-        return
-    for leftover in target.parent.iterdir():
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    for leftover in directory.iterdir():
         match = _PARTIAL.fullmatch(leftover.name)
-        if match is None or match["name"] != target.name or _running(int(match["pid"])):
+        if match is None or (name is not None and match["name"] != name):
+            continue
+        if _running(int(match["pid"])):
             continue
         with contextlib.suppress(FileNotFoundError):
             leftover.unlink()
+            removed.append(leftover)
             log.info("removed %s, left by an interrupted backup", leftover)
+    return removed
 
 
 def _running(pid: int) -> bool:

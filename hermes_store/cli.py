@@ -665,6 +665,8 @@ def optimize(db: str | None, no_vacuum: bool, as_json: bool) -> None:
             f"{human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
             f"(reclaimed {human_bytes(result.reclaimed)}; merged {len(result.indexes)} index(es))"
         )
+        for leftover in result.removed_partials:
+            say(f"removed {leftover}, left by an interrupted backup")
         if not result.wal_truncated:
             say(
                 "the WAL was not truncated: a reader stayed open (the agent, a search, a "

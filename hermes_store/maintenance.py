@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, text
 
 from hermes_store import backfill
 from hermes_store.backfill import pending, rows_left
-from hermes_store.backup import backup_from, default_backup_path
+from hermes_store.backup import backup_from, default_backup_path, remove_partials
 from hermes_store.engine import BEGIN_OPTION, db_path, require_writable, sqlite_errors
 from hermes_store.errors import StoreError
 from hermes_store.fts import (
@@ -83,6 +83,8 @@ class OptimizeResult:
     vacuumed: bool
     #: False when readers kept the WAL from being truncated (its bytes are in bytes_after).
     wal_truncated: bool = True
+    #: Hidden partial copies of killed backups removed from the store's directory.
+    removed_partials: list[str] = field(default_factory=list)
 
     @property
     def reclaimed(self) -> int:
@@ -128,7 +130,8 @@ def check_vacuum_space(path: Path) -> None:
 def optimize(
     engine: Engine, *, vacuum: bool = True, progress: Progress | None = None
 ) -> OptimizeResult:
-    """Merge every FTS index, checkpoint the WAL (TRUNCATE) and VACUUM."""
+    """Merge every FTS index, checkpoint the WAL (TRUNCATE) and VACUUM; remove the hidden
+    partial copies killed backups left in the store's directory."""
     say = progress or (lambda _msg: None)
     path = db_path(str(engine.url))
     require_writable(path)
@@ -159,7 +162,10 @@ def optimize(
                 truncated = _checkpoint(driver)
         finally:
             raw.close()
-    return OptimizeResult(before, _on_disk(path), names, vacuum, truncated)
+    # A backup killed midway (kill -9, power loss) leaves a hidden partial copy, as large
+    # as the store, next to where it was going: the default backup place is this directory.
+    removed = [str(p) for p in remove_partials(path.parent)] if path is not None else []
+    return OptimizeResult(before, _on_disk(path), names, vacuum, truncated, removed)
 
 
 #: How long a TRUNCATE checkpoint may wait for readers. While it waits, it keeps new

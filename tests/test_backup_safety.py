@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import stat
@@ -150,6 +151,32 @@ def test_leftovers_of_a_killed_backup_are_removed_by_the_next(store: Path, tmp_p
     assert not journal.exists()
     assert running.exists()
     assert unrelated.exists()  # another destination's files are not this backup's to judge
+
+
+def test_optimize_removes_the_leftovers_killed_backups_left_beside_the_store(
+    store: Path,
+) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    leftovers = [
+        store.with_name(f".state.repair-20261130T000000Z.bak.{dead}.9.partial"),
+        store.with_name(f".elsewhere.db.{dead}.8.partial-journal"),
+    ]
+    for leftover in leftovers:
+        leftover.write_bytes(b"x" * 4096)
+    running = store.with_name(f".state.bak.{os.getpid()}.7.partial")  # a backup under way
+    running.write_bytes(b"y")
+    migrate.upgrade(str(store))
+    result = CliRunner().invoke(main, ["optimize", "--db", str(store), "--json"])
+    assert result.exit_code == 0, result.output
+    assert sorted(json.loads(result.stdout)["removed_partials"]) == sorted(map(str, leftovers))
+    assert not any(leftover.exists() for leftover in leftovers)
+    assert running.exists()
+    assert rows(store)[:50] == [(i + 1, f"message {i}") for i in range(50)]
 
 
 def test_a_backup_into_a_missing_directory_is_refused_and_creates_nothing(
