@@ -70,3 +70,37 @@ def test_parity_with_inline(store_set, parity_queries, inline_answers, layout):
     if layout in layouts.MIGRATION_TARGETS:
         differing = [parity_queries[i] for i in parity.differing]
         assert not differing, f"{layout} answers differently: {differing[:5]}"
+
+
+#: Queries that used to stall search (issue 15): repeated terms FTS5 evaluates once per
+#: repeat, and hundreds of short CJK tokens on the LIKE route. Each must stay bounded: the
+#: slowest is recorded (extra_info["slowest_s"]); the target is under 2 s at 50k messages.
+def _short_cjk(count):
+    return " ".join(chr(0x4E00 + 2 * i) + chr(0x4E01 + 2 * i) for i in range(count))
+
+
+HOSTILE_QUERIES = {
+    "the x200": " ".join(["the"] * 200),
+    "a* x80": " ".join(["a*"] * 80),
+    "the x340 OR": " OR ".join(["the"] * 340),
+    "32 distinct OR": " OR ".join(
+        ["the", "a", "to", "of", "and", "in", "is", "it", "for", "on", "with", "as", "at", "by", "from", "this", "that", "be", "are", "was", "error", "docker", "file", "test", "run", "code", "data", "user", "system", "value", "line"]
+    ),
+    "340 short CJK": _short_cjk(340),
+    "682 short CJK": _short_cjk(682),
+}
+
+
+@pytest.mark.parametrize("layout", [layouts.EXTERNAL])
+def test_search_bounds(benchmark, connections, layout):
+    conn = connections[layout]
+    slowest = {}
+
+    def run():
+        for name, query in HOSTILE_QUERIES.items():
+            seconds, _hits = workloads.timed_search(conn, query)
+            slowest[name] = max(slowest.get(name, 0.0), seconds)
+
+    benchmark(run)
+    benchmark.extra_info["slowest_s"] = round(max(slowest.values()), 3)
+    benchmark.extra_info["per_query_s"] = {name: round(s, 3) for name, s in slowest.items()}

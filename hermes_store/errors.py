@@ -51,6 +51,10 @@ class UnsupportedLayout(StoreError):
     """The store's search indexes are in a layout this package does not search."""
 
 
+class QueryTooComplex(StoreError):
+    """A search query has more distinct terms than a search answers in bounded time."""
+
+
 class SessionNotFound(StoreError):
     """The session id given to a write does not exist in the store."""
 

@@ -1030,3 +1030,15 @@ def test_maintenance_waits_for_a_short_write_lock(head_store: Path) -> None:
             False,
         )
     assert invoke_json("check", "--db", head_store)["ok"] is True
+
+
+def test_search_bounds_from_the_command_line(head_store: Path) -> None:
+    words = " ".join(f"word{i}" for i in range(40))
+    result = invoke("search", words, "--db", head_store, expect=None)
+    assert_one_line_error(result, "40 distinct terms", "at most 32")
+    # A query that starts with "-" goes after `--`; a huge offset is refused, not a traceback.
+    assert invoke("search", "--db", head_store, "--json", "--", "-error").exit_code == 0
+    result = invoke(
+        "search", "error", "--db", head_store, "--offset", "99999999999999999999", expect=2
+    )
+    assert "Traceback" not in result.output
