@@ -737,6 +737,7 @@ def optimize_storage(
         "chunks": report.chunks,
         "lock_seconds": round(report.lock_seconds, 3),
         "longest_lock_ms": round(report.longest_lock * 1000, 1),
+        "longest_write_lock_s": round(report.longest_lock, 3),
         "paused_seconds": round(report.paused_seconds, 3),
         "checkpoint_seconds": round(report.checkpoint_seconds, 3),
         "status": "done",
@@ -852,6 +853,13 @@ def check(
             "checked": result.checked,
             "problems": result.problems,
             "skipped": result.skipped,
+            "fts_checked_on": result.fts_checked_on,
+            "longest_write_lock_s": round(
+                max(result.longest_write_lock_s, repaired.longest_write_lock_s)
+                if repair_
+                else result.longest_write_lock_s,
+                3,
+            ),
         }
         if repair_:
             payload["repair"] = repaired.as_dict()

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
+import shutil
+import sqlite3
+import tempfile
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sqlalchemy import Connection, RootTransaction, text
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store.engine import BEGIN_OPTION, translate_error
+from hermes_store.engine import BEGIN_OPTION, db_path, translate_error
 from hermes_store.revisions import fts_head
 
 log = logging.getLogger(__name__)
@@ -115,6 +121,11 @@ class CheckResult:
     problems: dict[str, str] = field(default_factory=dict)
     #: Indexes not checked because a deferred backfill has not filled them yet.
     skipped: dict[str, str] = field(default_factory=dict)
+    #: Where the FTS5 checks ran: "snapshot" (a private copy: the store's write lock is never
+    #: taken) or "live" (each check a short write transaction on the store).
+    fts_checked_on: str = "live"
+    #: The longest time one of the checks held the store's write lock, in seconds.
+    longest_write_lock_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -156,11 +167,17 @@ def check_index(conn: Connection, name: str) -> str | None:
 
 
 def integrity_check(
-    conn: Connection, *, quick: bool = False, skip: Mapping[str, str] | None = None
+    conn: Connection,
+    *,
+    quick: bool = False,
+    skip: Mapping[str, str] | None = None,
+    snapshot: Path | None = None,
 ) -> CheckResult:
     """`PRAGMA integrity_check` (or quick_check) plus the FTS5 check of every index.
 
     ``skip`` maps indexes that must not be checked (an unfinished backfill) to the reason.
+    With ``snapshot`` (a directory) the FTS5 checks run on a private copy made there, so
+    the store's write lock is never taken (see :func:`_checks_on_snapshot`).
     """
     result = CheckResult()
     pragma = "quick_check" if quick else "integrity_check"
@@ -175,12 +192,60 @@ def integrity_check(
     for name in names:
         if skip and name in skip:
             result.skipped[name] = skip[name]
-            continue
-        result.checked.append(name)
-        error = check_index(conn, name)
-        if error is not None:
-            result.problems[name] = error
+    names = [name for name in names if name not in result.skipped]
+    result.checked.extend(names)
+    errors = _checks_on_snapshot(conn, names, snapshot) if snapshot is not None else None
+    if errors is not None:
+        result.fts_checked_on = "snapshot"
+    else:
+        errors = {}
+        for name in names:
+            started = time.perf_counter()
+            errors[name] = check_index(conn, name)
+            result.longest_write_lock_s = max(
+                result.longest_write_lock_s, time.perf_counter() - started
+            )
+    result.problems.update({name: error for name, error in errors.items() if error is not None})
     return result
+
+
+def _checks_on_snapshot(
+    conn: Connection, names: list[str], directory: Path
+) -> dict[str, str | None] | None:
+    """Run the FTS5 integrity checks on a private, consistent copy of the store.
+
+    An FTS5 check is an INSERT: on the live store it holds the write lock for its whole run
+    (2.2 s for the trigram index at 50k messages, growing with the store), and the agent
+    cannot write meanwhile. The copy is taken with the backup API (one read transaction:
+    writers go on) into ``directory`` (mode 0700, removed afterwards). Returns None, to
+    check live instead, when the store is not a file or the copy does not fit.
+    """
+    if not names:
+        return {}
+    store = db_path(str(conn.engine.url))
+    if store is None or not store.is_file():
+        return None
+    wal = store.with_name(store.name + "-wal")
+    needed = store.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+    if shutil.disk_usage(directory).free < needed * 1.1:
+        log.info("check: no room for a snapshot in %s; checking the live store", directory)
+        return None
+    raw = conn.connection.driver_connection
+    if not isinstance(raw, sqlite3.Connection):
+        return None
+    with tempfile.TemporaryDirectory(dir=directory, prefix="hermes-check-") as folder:
+        copy_path = Path(folder) / "snapshot.db"
+        with contextlib.closing(sqlite3.connect(copy_path, isolation_level=None)) as copy:
+            raw.backup(copy)
+            errors: dict[str, str | None] = {}
+            for name in names:
+                try:
+                    copy.execute(f"INSERT INTO {name}({name}, rank) VALUES ('integrity-check', 1)")
+                    errors[name] = None
+                except sqlite3.DatabaseError as exc:
+                    errors[name] = str(exc)
+        conn.rollback()  # the backup's read of the store, on the caller's connection
+        return errors
 
 
 def optimize_index(conn: Connection, name: str) -> None:

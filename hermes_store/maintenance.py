@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,9 @@ class OptimizeResult:
     wal_truncated: bool = True
     #: Hidden partial copies of killed backups removed from the store's directory.
     removed_partials: list[str] = field(default_factory=list)
+    #: The longest time one step held the store's write lock, in seconds (VACUUM holds it
+    #: for its whole run: --no-vacuum keeps it to the merge).
+    longest_write_lock_s: float = 0.0
 
     @property
     def reclaimed(self) -> int:
@@ -141,13 +146,16 @@ def optimize(
     # Each step is one transaction (VACUUM is one too): a full disk rolls back the step in
     # progress and leaves the store as the previous step left it.
     with sqlite_errors(path):
+        locks: list[float] = []
         with engine.connect() as conn:
             # A writer from its BEGIN, so that it waits for the agent's write lock.
             with begin_writing(conn):
+                started = time.perf_counter()
                 names = present_indexes(conn)
                 for name in names:
                     say(f"merging {name}")
                     optimize_index(conn, name)
+            locks.append(time.perf_counter() - started)
         # Checkpoint and VACUUM must run outside any transaction: use the driver directly
         # (the engine leaves it in autocommit mode; SQLAlchemy would wrap them in BEGIN).
         raw = engine.raw_connection()
@@ -158,14 +166,18 @@ def optimize(
             truncated = _checkpoint(driver)
             if vacuum:
                 say("vacuuming")
-                driver.execute("VACUUM")
+                started = time.perf_counter()
+                driver.execute("VACUUM")  # one transaction: the write lock, all along
+                locks.append(time.perf_counter() - started)
                 truncated = _checkpoint(driver)
         finally:
             raw.close()
     # A backup killed midway (kill -9, power loss) leaves a hidden partial copy, as large
     # as the store, next to where it was going: the default backup place is this directory.
     removed = [str(p) for p in remove_partials(path.parent)] if path is not None else []
-    return OptimizeResult(before, _on_disk(path), names, vacuum, truncated, removed)
+    return OptimizeResult(
+        before, _on_disk(path), names, vacuum, truncated, removed, round(max(locks), 3)
+    )
 
 
 #: How long a TRUNCATE checkpoint may wait for readers. While it waits, it keeps new
@@ -195,16 +207,18 @@ def _checkpoint(driver: sqlite3.Connection) -> bool:
         driver.execute(f"PRAGMA busy_timeout={int(previous)}")
 
 
-def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
+def check_store(conn: Connection, *, quick: bool = False, snapshot: bool = True) -> CheckResult:
     """`PRAGMA integrity_check` (or quick_check), the search mechanism, every FTS5 index.
 
     The search mechanism (view, declarations, triggers of an external-layout store) is
     compared with the FTS branch's newest revision; each wrong object is a problem named
     ``"<kind> <name>"`` (for example ``"trigger messages_fts_delete"``), listed before the
     index problems it causes. Indexes a deferred backfill has not filled yet are skipped,
-    with the reason. A lock held past the busy timeout or a read-only store raises
-    StoreBusy / StoreReadOnly (from :func:`fts.check_index`) instead of reporting the
-    indexes as broken.
+    with the reason. The FTS5 checks run on a private copy in the temporary directory
+    (``snapshot=True``, when it fits), so the agent's writes never wait for them; otherwise
+    each holds the write lock for its run. A lock held past the busy timeout or a read-only
+    store raises StoreBusy / StoreReadOnly (from :func:`fts.check_index`) instead of
+    reporting the indexes as broken.
     """
     reading = not conn.in_transaction()
     skip = {
@@ -214,7 +228,8 @@ def check_store(conn: Connection, *, quick: bool = False) -> CheckResult:
     }
     if reading and conn.in_transaction():
         conn.rollback()  # end the read: the FTS checks are writers from their BEGIN
-    result = integrity_check(conn, quick=quick, skip=skip)
+    where = Path(tempfile.gettempdir()) if snapshot else None
+    result = integrity_check(conn, quick=quick, skip=skip, snapshot=where)
     mechanism = check_mechanism(conn)
     if mechanism.skipped is not None:
         log.debug("check: %s", mechanism.skipped)
@@ -238,6 +253,8 @@ class RepairResult:
     backup: Path | None = None
     #: Why nothing was repaired although the check failed, if so.
     refused: str | None = None
+    #: The longest time one repair transaction held the store's write lock, in seconds.
+    longest_write_lock_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -254,6 +271,7 @@ class RepairResult:
             "restored": self.restored,
             "backup": str(self.backup) if self.backup else None,
             "refused": self.refused,
+            "longest_write_lock_s": round(self.longest_write_lock_s, 3),
         }
 
 
@@ -298,7 +316,7 @@ def repair(
         if path is not None:
             result.backup = _repair_backup(engine, backup_to or default_backup_path(path, "repair"))
         with writer.connect() as conn:
-            with conn.begin():
+            with conn.begin(), _held(result):
                 waiting = {item.index for item in pending(conn)}
                 restore = restore_mechanism(conn, rebuild=not deferred, exclude=waiting)
                 result.restored = restore.restored
@@ -319,7 +337,7 @@ def repair(
                     result.repaired[name] = "emptied and refilled by the deferred backfill"
             for name in others:
                 if name not in result.repaired:
-                    with conn.begin():
+                    with conn.begin(), _held(result):
                         result.repaired[name] = repair_index(conn, name)
             for name, how in result.repaired.items():
                 log.info("repair: %s %s", name, how)
@@ -328,6 +346,17 @@ def repair(
         with engine.connect() as conn:
             result.after = check_store(conn, quick=quick)
     return result
+
+
+@contextlib.contextmanager
+def _held(result: RepairResult) -> Iterator[None]:
+    """Time a write transaction into ``result.longest_write_lock_s``."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        held = time.perf_counter() - started
+        result.longest_write_lock_s = max(result.longest_write_lock_s, held)
 
 
 def _repair_backup(engine: Engine, dest: Path) -> Path:

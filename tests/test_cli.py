@@ -15,6 +15,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -155,8 +156,8 @@ def invoke(*args: str | Path, expect: int | None = 0, color: bool = False) -> Re
     return result
 
 
-def invoke_json(*args: str | Path) -> Any:
-    result = invoke(*args, "--json")
+def invoke_json(*args: str | Path, expect: int | None = 0) -> Any:
+    result = invoke(*args, "--json", expect=expect)
     return json.loads(result.stdout)
 
 
@@ -510,6 +511,9 @@ def test_check_passes_on_healthy_stores(head_store: Path, legacy_store: Path) ->
             "checked": ["PRAGMA integrity_check", *FTS_INDEXES],
             "problems": {},
             "skipped": {},
+            # The FTS5 checks ran on a private copy: the store's write lock was never taken.
+            "fts_checked_on": "snapshot",
+            "longest_write_lock_s": 0.0,
         }
     text = invoke("check", "--db", head_store, "--quick").stdout
     assert text.splitlines()[1].split() == ["PRAGMA", "quick_check", "ok"]
@@ -833,20 +837,25 @@ def test_locked_store_refuses_writing_commands(
     assert invoke_json("current", "--db", legacy_store)["fts_layout"] == "inline"
 
     with write_lock(head_store):
-        for command in (
-            ["optimize"],
-            ["optimize", "--no-vacuum"],
-            ["check"],
-            ["check", "--repair"],
-        ):
+        for command in (["optimize"], ["optimize", "--no-vacuum"]):
             result = invoke(*command, "--db", head_store, expect=None)
             # It waited, and says for how long: the truth, not a claim.
             assert_one_line_error(result, "locked", "busy timeout (0.15 s)")
             assert "broken" not in result.output  # a held lock is not damage
+        # check (and --repair on a healthy store) read a snapshot: no write lock needed.
+        for command in (["check"], ["check", "--repair"]):
+            data = invoke_json(*command, "--db", head_store)
+            assert (data["ok"], data["fts_checked_on"]) == (True, "snapshot")
         # Readers are not blocked by a writer (WAL).
         assert invoke_json("stats", "--db", head_store)["messages"] == 200
         assert invoke_json("search", "error", "--db", head_store)
     assert invoke_json("check", "--db", head_store)["ok"] is True
+    # A repair has to write: past the busy timeout it fails, naming the wait.
+    damage_word_index(head_store)
+    with write_lock(head_store):
+        result = invoke("check", "--repair", "--db", head_store, expect=None)
+        assert_one_line_error(result, "locked", "busy timeout (0.15 s)")
+    assert invoke_json("check", "--repair", "--db", head_store)["ok"] is True
 
 
 def test_locked_store_in_a_real_process(
@@ -1042,3 +1051,25 @@ def test_search_bounds_from_the_command_line(head_store: Path) -> None:
         "search", "error", "--db", head_store, "--offset", "99999999999999999999", expect=2
     )
     assert "Traceback" not in result.output
+
+
+def test_check_runs_the_fts_checks_on_a_private_snapshot(
+    head_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The FTS5 checks are INSERTs: on the live store each held the agent's write lock."""
+    snapshots = tmp_path / "tmp"
+    snapshots.mkdir()
+    monkeypatch.setenv("TMPDIR", str(snapshots))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    damage_word_index(head_store)
+    data = invoke_json("check", "--db", head_store, expect=1)
+    assert data["fts_checked_on"] == "snapshot"
+    assert data["longest_write_lock_s"] == 0.0
+    assert "messages_fts" in data["problems"]  # the copy shows the damage the store has
+    assert list(snapshots.iterdir()) == []  # the copy is gone
+    # No room for a copy: the checks run live, each a short write transaction.
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: shutil._ntuple_diskusage(1, 1, 0))
+    data = invoke_json("check", "--db", head_store, expect=1)
+    assert data["fts_checked_on"] == "live"
+    assert data["longest_write_lock_s"] > 0
+    assert "messages_fts" in data["problems"]
