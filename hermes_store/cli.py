@@ -594,7 +594,7 @@ def render_storage(report: StorageReport) -> None:
         say(
             f"upgrading to external content would reclaim about "
             f"{human_bytes(report.reclaimable_bytes)} "
-            f"({report.reclaimable_bytes / total:.0%}) after `hermes-store optimize`"
+            f"({report.reclaimable_bytes / total:.0%}) after `hermes-store optimize --vacuum`"
         )
     biggest = sorted(report.objects.items(), key=lambda item: -item[1])[:15]
     emit_records(
@@ -641,32 +641,56 @@ def storage(db: str | None, fmt: str) -> None:
 
 @main.command()
 @db_option
-@click.option("--no-vacuum", is_flag=True, help="Merge and checkpoint only; skip VACUUM.")
+@click.option(
+    "--vacuum",
+    "full",
+    is_flag=True,
+    help="VACUUM too: returns every free page, but holds the write lock for its whole run "
+    "(stop the agent or let it idle); switches the store to incremental auto-vacuum.",
+)
+@click.option("--no-vacuum", is_flag=True, help="Merge and checkpoint only.")
 @json_option
-def optimize(db: str | None, no_vacuum: bool, as_json: bool) -> None:
-    """Merge the FTS indexes, checkpoint the WAL and VACUUM; print what was reclaimed.
+def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None:
+    """Merge the FTS indexes, checkpoint the WAL and shrink the file; print what was reclaimed.
 
-    Refuses when the disk lacks the free space VACUUM needs (about the file's size in
-    the store's directory and in the temp directory).
+    By default every step is a short write transaction, with pauses between, so the agent
+    keeps writing: the indexes are merged a few pages at a time, and free pages go back to
+    the file system in steps when the store uses incremental auto-vacuum (a store that does
+    not is told how much only `--vacuum` returns). `--vacuum` runs VACUUM, which holds the
+    write lock throughout and needs about the file's size free in the store's directory and
+    in the temp directory (refused otherwise).
 
     \b
-    Example:
+    Examples:
       hermes-store optimize --db state.db
+      hermes-store optimize --db state.db --vacuum     # with the agent stopped
     """
+    if full and no_vacuum:
+        raise click.UsageError("--vacuum and --no-vacuum contradict each other: pick one")
     with operator_errors():
         engine = open_existing(db)
         result = optimize_store(
-            engine, vacuum=not no_vacuum, progress=_progress(_interactive() and not as_json)
+            engine,
+            vacuum=True if full else False if no_vacuum else None,
+            progress=_progress(_interactive() and not as_json),
         )
     if as_json:
         _emit(result.as_dict())
     else:
         say(
             f"{human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
-            f"(reclaimed {human_bytes(result.reclaimed)}; merged {len(result.indexes)} index(es))"
+            f"(reclaimed {human_bytes(result.reclaimed)}; merged {len(result.indexes)} "
+            f"index(es); longest write lock {result.longest_write_lock_s:.2f} s)"
         )
         for leftover in result.removed_partials:
             say(f"removed {leftover}, left by an interrupted backup")
+        if result.vacuum_needed_bytes:
+            say(
+                f"{human_bytes(result.vacuum_needed_bytes)} of free pages can only be returned "
+                "by `hermes-store optimize --vacuum`, which holds the write lock for its whole "
+                "run (run it with the agent stopped); it also switches the store to "
+                "incremental auto-vacuum, after which this command returns them in steps"
+            )
         if not result.wal_truncated:
             say(
                 "the WAL was not truncated: a reader stayed open (the agent, a search, a "
@@ -1082,7 +1106,7 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
     upgrade_result = migrate.upgrade(str(path))
     upgraded = time.perf_counter() - started
     step("optimizing (merge, checkpoint, VACUUM)")
-    result = optimize_store(engine, progress=step)
+    result = optimize_store(engine, vacuum=True, progress=step)
     with engine.connect() as conn:
         after = storage_report(conn)
         after_hits = {q: search_messages(conn, q, limit=5) for q in DEMO_QUERIES}

@@ -90,6 +90,9 @@ class OptimizeResult:
     #: The longest time one step held the store's write lock, in seconds (VACUUM holds it
     #: for its whole run: --no-vacuum keeps it to the merge).
     longest_write_lock_s: float = 0.0
+    #: Bytes of free pages only a full VACUUM can return (a bounded run on a store without
+    #: incremental auto-vacuum); 0 when nothing is left to return.
+    vacuum_needed_bytes: int = 0
 
     @property
     def reclaimed(self) -> int:
@@ -128,34 +131,60 @@ def check_vacuum_space(path: Path) -> None:
             raise NotEnoughSpace(
                 f"VACUUM needs about {needed // 1_048_576} MiB free in {directory} but only "
                 f"{free // 1_048_576} MiB is free; free some space (or set SQLITE_TMPDIR to a "
-                "larger file system), or run with --no-vacuum"
+                "larger file system), or run without --vacuum (bounded steps, no VACUUM)"
             )
 
 
+#: Pages of FTS5 merging per step of a bounded optimize ('merge', -N): tens of
+#: milliseconds of write lock; repeated until a step does nothing, the index ends merged
+#: into one segment, as FTS5's 'optimize' leaves it.
+MERGE_STEP_PAGES = 64
+#: Pages a bounded optimize returns to the file system per step (incremental_vacuum).
+VACUUM_STEP_PAGES = 2048
+#: Pause between bounded steps, as a share of the time the step held the lock: writers
+#: waiting on the lock get it in between.
+STEP_PAUSE = 1.0
+
+
 def optimize(
-    engine: Engine, *, vacuum: bool = True, progress: Progress | None = None
+    engine: Engine,
+    *,
+    vacuum: bool | None = True,
+    progress: Progress | None = None,
 ) -> OptimizeResult:
-    """Merge every FTS index, checkpoint the WAL (TRUNCATE) and VACUUM; remove the hidden
-    partial copies killed backups left in the store's directory."""
+    """Merge every FTS index, checkpoint the WAL, give free pages back to the file system;
+    remove the hidden partial copies killed backups left in the store's directory.
+
+    ``vacuum=True``: FTS5 'optimize' of each index in one transaction, then VACUUM, which
+    holds the write lock for its whole run (the agent waits); the store is switched to
+    incremental auto-vacuum on the way, so that later bounded runs can shrink it.
+    ``vacuum=None`` (bounded, for a store in use): every step is a short write transaction,
+    with pauses between: the indexes are merged MERGE_STEP_PAGES at a time, and free pages
+    are returned VACUUM_STEP_PAGES at a time when the store uses incremental auto-vacuum
+    (otherwise ``vacuum_needed`` says how much only a full VACUUM can return).
+    ``vacuum=False``: merge and checkpoint only.
+    """
     say = progress or (lambda _msg: None)
     path = db_path(str(engine.url))
     require_writable(path)
     before = _on_disk(path)
     if vacuum and path is not None:
         check_vacuum_space(path)
+    locks: list[float] = [0.0]
+    vacuum_needed = 0
     # Each step is one transaction (VACUUM is one too): a full disk rolls back the step in
     # progress and leaves the store as the previous step left it.
     with sqlite_errors(path):
-        locks: list[float] = []
         with engine.connect() as conn:
-            # A writer from its BEGIN, so that it waits for the agent's write lock.
-            with begin_writing(conn):
-                started = time.perf_counter()
-                names = present_indexes(conn)
-                for name in names:
-                    say(f"merging {name}")
-                    optimize_index(conn, name)
-            locks.append(time.perf_counter() - started)
+            names = present_indexes(conn)
+            conn.rollback()
+            for name in names:
+                say(f"merging {name}")
+                if vacuum:
+                    with _writing(conn, locks):  # waits for the agent's write lock
+                        optimize_index(conn, name)
+                else:
+                    _merge_in_steps(conn, name, locks)
         # Checkpoint and VACUUM must run outside any transaction: use the driver directly
         # (the engine leaves it in autocommit mode; SQLAlchemy would wrap them in BEGIN).
         raw = engine.raw_connection()
@@ -167,8 +196,13 @@ def optimize(
             if vacuum:
                 say("vacuuming")
                 started = time.perf_counter()
+                # Takes effect with this VACUUM; later bounded runs then shrink the file.
+                driver.execute("PRAGMA auto_vacuum=INCREMENTAL")
                 driver.execute("VACUUM")  # one transaction: the write lock, all along
                 locks.append(time.perf_counter() - started)
+                truncated = _checkpoint(driver)
+            elif vacuum is None:
+                vacuum_needed = _vacuum_in_steps(driver, locks, say)
                 truncated = _checkpoint(driver)
         finally:
             raw.close()
@@ -176,8 +210,64 @@ def optimize(
     # as the store, next to where it was going: the default backup place is this directory.
     removed = [str(p) for p in remove_partials(path.parent)] if path is not None else []
     return OptimizeResult(
-        before, _on_disk(path), names, vacuum, truncated, removed, round(max(locks), 3)
+        before,
+        _on_disk(path),
+        names,
+        bool(vacuum),
+        truncated,
+        removed,
+        round(max(locks), 3),
+        vacuum_needed,
     )
+
+
+@contextlib.contextmanager
+def _writing(conn: Connection, locks: list[float]) -> Iterator[None]:
+    """One write transaction, begun as a writer; its hold time appended to ``locks``."""
+    with begin_writing(conn):
+        started = time.perf_counter()
+        yield
+    locks.append(time.perf_counter() - started)
+
+
+def _merge_in_steps(conn: Connection, name: str, locks: list[float]) -> None:
+    """Merge an index into one segment in short transactions (FTS5 'merge' with a negative
+    page count, repeated until a step does no work: fewer than 2 changes)."""
+    while True:
+        with _writing(conn, locks):
+            before = conn.exec_driver_sql("SELECT total_changes()").scalar_one()
+            conn.exec_driver_sql(
+                f"INSERT INTO {name}({name}, rank) VALUES ('merge', {-MERGE_STEP_PAGES})"
+            )
+            done = conn.exec_driver_sql("SELECT total_changes()").scalar_one() - before < 2
+        if done:
+            return
+        time.sleep(locks[-1] * STEP_PAUSE)
+
+
+def _vacuum_in_steps(driver: sqlite3.Connection, locks: list[float], say: Progress) -> int:
+    """Return free pages to the file system in short steps, when the store uses
+    incremental auto-vacuum; else the bytes only a full VACUUM can return (0 when none)."""
+    page_size = driver.execute("PRAGMA page_size").fetchone()[0]
+    free = driver.execute("PRAGMA freelist_count").fetchone()[0]
+    if not free:
+        return 0
+    if driver.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # not INCREMENTAL
+        return int(free * page_size)
+    say("returning free pages in steps")
+    while free:
+        started = time.perf_counter()
+        driver.execute("BEGIN IMMEDIATE")
+        try:
+            driver.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})").fetchall()
+            driver.execute("COMMIT")
+        except BaseException:
+            driver.execute("ROLLBACK")
+            raise
+        locks.append(time.perf_counter() - started)
+        free = driver.execute("PRAGMA freelist_count").fetchone()[0]
+        time.sleep(locks[-1] * STEP_PAUSE)
+    return 0
 
 
 #: How long a TRUNCATE checkpoint may wait for readers. While it waits, it keeps new

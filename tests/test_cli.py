@@ -415,7 +415,7 @@ def test_storage_shows_what_upgrading_an_inline_store_reclaims(legacy_store: Pat
 
     # The promise holds: after the upgrade and optimize, the copies are gone for good.
     invoke("upgrade", "--db", legacy_store)
-    invoke("optimize", "--db", legacy_store)
+    invoke("optimize", "--db", legacy_store, "--vacuum")
     after = invoke_json("storage", "--db", legacy_store)
     assert after["layout"] == "external"
     assert after["reclaimable_bytes"] == 0
@@ -434,7 +434,7 @@ def test_optimize_reports_sizes_that_match_the_file(head_store: Path) -> None:
         conn.execute("DELETE FROM messages WHERE id > 40")
         conn.commit()
     size_before = head_store.stat().st_size
-    data = invoke_json("optimize", "--db", head_store)
+    data = invoke_json("optimize", "--db", head_store, "--vacuum")
     assert data["bytes_before"] == size_before
     assert data["bytes_after"] == head_store.stat().st_size
     assert data["reclaimed"] == data["bytes_before"] - data["bytes_after"] > 0
@@ -445,7 +445,7 @@ def test_optimize_reports_sizes_that_match_the_file(head_store: Path) -> None:
     assert not wal.exists() or wal.stat().st_size == 0
     assert invoke_json("check", "--db", head_store)["ok"] is True
 
-    text = invoke("optimize", "--db", head_store).stdout
+    text = invoke("optimize", "--db", head_store, "--vacuum").stdout
     assert " -> " in text
     assert "reclaimed" in text
     assert "merged 2 index(es)" in text
@@ -476,13 +476,14 @@ def test_optimize_refuses_without_the_space_vacuum_needs(
 
     monkeypatch.setattr(maintenance.shutil, "disk_usage", nearly_full)
     before = fingerprint(head_store)
-    result = invoke("optimize", "--db", head_store, expect=None)
-    assert_one_line_error(result, "VACUUM needs", "free", "--no-vacuum")
+    result = invoke("optimize", "--db", head_store, "--vacuum", expect=None)
+    assert_one_line_error(result, "VACUUM needs", "free", "without --vacuum")
     assert fingerprint(head_store) == before
     wal = head_store.with_name(head_store.name + "-wal")
     assert not wal.exists() or wal.stat().st_size == 0  # nothing was written
     # Without VACUUM there is nothing to refuse.
     assert invoke_json("optimize", "--db", head_store, "--no-vacuum")["vacuumed"] is False
+    assert invoke_json("optimize", "--db", head_store)["vacuumed"] is False
 
 
 def test_progress_only_on_a_terminal_and_never_with_json(
@@ -490,7 +491,7 @@ def test_progress_only_on_a_terminal_and_never_with_json(
 ) -> None:
     assert invoke("optimize", "--db", head_store).stderr == ""  # piped: nothing extra
     monkeypatch.setattr(cli, "_interactive", lambda: True)
-    progress = invoke("optimize", "--db", head_store).stderr
+    progress = invoke("optimize", "--db", head_store, "--vacuum").stderr
     assert "merging messages_fts" in progress
     assert "vacuuming" in progress
     result = invoke("optimize", "--db", head_store, "--json")
@@ -1073,3 +1074,28 @@ def test_check_runs_the_fts_checks_on_a_private_snapshot(
     assert data["fts_checked_on"] == "live"
     assert data["longest_write_lock_s"] > 0
     assert "messages_fts" in data["problems"]
+
+
+def test_optimize_by_default_never_holds_the_write_lock_long(head_store: Path) -> None:
+    """Bounded steps: the agent keeps writing. Free pages need one --vacuum first, which
+    switches the store to incremental auto-vacuum; later runs return them in steps."""
+    with closing(sqlite3.connect(head_store)) as conn:
+        conn.execute("UPDATE messages SET content = content || ' more' WHERE id % 2 = 0")
+        conn.execute("DELETE FROM messages WHERE id % 5 = 0")
+        conn.commit()
+    data = invoke_json("optimize", "--db", head_store)
+    assert data["vacuumed"] is False
+    assert data["vacuum_needed_bytes"] > 0  # only VACUUM returns them on this store
+    assert "--vacuum" in invoke("optimize", "--db", head_store).stdout
+    assert invoke_json("check", "--db", head_store)["ok"] is True
+    invoke("optimize", "--db", head_store, "--vacuum")
+    assert scalar(head_store, "PRAGMA auto_vacuum") == 2  # INCREMENTAL from now on
+    with closing(sqlite3.connect(head_store)) as conn:
+        conn.execute("DELETE FROM messages WHERE id > 20")
+        conn.commit()
+    assert scalar(head_store, "PRAGMA freelist_count") > 0
+    data = invoke_json("optimize", "--db", head_store)
+    assert data["vacuum_needed_bytes"] == 0
+    assert scalar(head_store, "PRAGMA freelist_count") == 0  # returned, in steps
+    assert data["reclaimed"] > 0
+    assert invoke_json("check", "--db", head_store)["ok"] is True
