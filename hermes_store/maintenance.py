@@ -135,9 +135,11 @@ def check_vacuum_space(path: Path) -> None:
             )
 
 
-#: Pages of FTS5 merging per step of a bounded optimize ('merge', -N): tens of
-#: milliseconds of write lock; repeated until a step does nothing, the index ends merged
-#: into one segment, as FTS5's 'optimize' leaves it.
+#: Pages of FTS5 merging per step of a bounded optimize (FTS5 'merge', N): tens of
+#: milliseconds of write lock. A positive N merges the levels that hold enough segments to
+#: merge (FTS5's own incremental merge); a negative N (merge everything into one segment)
+#: corrupted the index here after about 1,000 steps interleaved with another process's
+#: writes (SQLite 3.40.1), so it is not used: one segment is what --vacuum's 'optimize' gives.
 MERGE_STEP_PAGES = 64
 #: Pages a bounded optimize returns to the file system per step (incremental_vacuum).
 VACUUM_STEP_PAGES = 2048
@@ -159,7 +161,8 @@ def optimize(
     holds the write lock for its whole run (the agent waits); the store is switched to
     incremental auto-vacuum on the way, so that later bounded runs can shrink it.
     ``vacuum=None`` (bounded, for a store in use): every step is a short write transaction,
-    with pauses between: the indexes are merged MERGE_STEP_PAGES at a time, and free pages
+    with pauses between: the indexes' segments are merged MERGE_STEP_PAGES at a time (FTS5's
+    incremental merge; not into a single segment), and free pages
     are returned VACUUM_STEP_PAGES at a time when the store uses incremental auto-vacuum
     (otherwise ``vacuum_needed`` says how much only a full VACUUM can return).
     ``vacuum=False``: merge and checkpoint only.
@@ -231,13 +234,16 @@ def _writing(conn: Connection, locks: list[float]) -> Iterator[None]:
 
 
 def _merge_in_steps(conn: Connection, name: str, locks: list[float]) -> None:
-    """Merge an index into one segment in short transactions (FTS5 'merge' with a negative
-    page count, repeated until a step does no work: fewer than 2 changes)."""
-    while True:
+    """Merge an index's segments in short transactions (FTS5 'merge', MERGE_STEP_PAGES),
+    until a step does no work (fewer than 2 changes) or the index's size in steps has been
+    spent twice over: the agent's own writes keep adding segments, and this must end."""
+    pages = conn.exec_driver_sql(f"SELECT count(*) FROM {name}_data").scalar_one()
+    conn.rollback()
+    for _step in range(2 * (int(pages) // MERGE_STEP_PAGES) + 8):
         with _writing(conn, locks):
             before = conn.exec_driver_sql("SELECT total_changes()").scalar_one()
             conn.exec_driver_sql(
-                f"INSERT INTO {name}({name}, rank) VALUES ('merge', {-MERGE_STEP_PAGES})"
+                f"INSERT INTO {name}({name}, rank) VALUES ('merge', {MERGE_STEP_PAGES})"
             )
             done = conn.exec_driver_sql("SELECT total_changes()").scalar_one() - before < 2
         if done:
