@@ -742,7 +742,14 @@ def optimize_storage(
         with engine.connect() as conn:
             if not backfill_status(conn):
                 if as_json:
-                    _emit({"rows_done": 0, "chunks": 0, "status": "nothing to do"})
+                    _emit(
+                        {
+                            "rows_done": 0,
+                            "chunks": 0,
+                            "status": "nothing to do",
+                            "longest_write_lock_s": 0.0,
+                        }
+                    )
                 else:
                     click.echo("no deferred index build is pending: nothing to do")
                 return
