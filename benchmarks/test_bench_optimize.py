@@ -29,5 +29,7 @@ def test_optimize(benchmark, store_set, layout, tmp_path):
         name for name in fts.INDEXES if layout != layouts.NO_TRIGRAM or name == fts.WORD_INDEX
     ]
     assert result.indexes == expected
-    assert result.bytes_after <= result.bytes_before
+    # The full run switches the store to incremental auto-vacuum: its pointer-map pages
+    # (one per ~1,000 pages) may outweigh what an already compact store gives back.
+    assert result.bytes_after <= result.bytes_before * 1.01
     assert workloads.fts_problems(copies[-1]) == {}
