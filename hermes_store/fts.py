@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy import Connection, RootTransaction, text
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store.engine import BEGIN_OPTION, db_path, translate_error
+from hermes_store.engine import BEGIN_OPTION, create_store_engine, db_path, translate_error
 from hermes_store.revisions import fts_head
 
 log = logging.getLogger(__name__)
@@ -235,17 +235,15 @@ def _checks_on_snapshot(
         return None
     with tempfile.TemporaryDirectory(dir=directory, prefix="hermes-check-") as folder:
         copy_path = Path(folder) / "snapshot.db"
-        with contextlib.closing(sqlite3.connect(copy_path, isolation_level=None)) as copy:
+        with contextlib.closing(sqlite3.connect(copy_path)) as copy:
             raw.backup(copy)
-            errors: dict[str, str | None] = {}
-            for name in names:
-                try:
-                    copy.execute(f"INSERT INTO {name}({name}, rank) VALUES ('integrity-check', 1)")
-                    errors[name] = None
-                except sqlite3.DatabaseError as exc:
-                    errors[name] = str(exc)
         conn.rollback()  # the backup's read of the store, on the caller's connection
-        return errors
+        snapshot = create_store_engine(copy_path, create=False, wal=False)
+        try:
+            with snapshot.connect() as copy_conn:
+                return {name: check_index(copy_conn, name) for name in names}
+        finally:
+            snapshot.dispose()
 
 
 def optimize_index(conn: Connection, name: str) -> None:

@@ -227,10 +227,18 @@ def optimize(
 @contextlib.contextmanager
 def _writing(conn: Connection, locks: list[float]) -> Iterator[None]:
     """One write transaction, begun as a writer; its hold time appended to ``locks``."""
-    with begin_writing(conn):
-        started = time.perf_counter()
+    with begin_writing(conn), _timed(locks):
         yield
-    locks.append(time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def _timed(locks: list[float]) -> Iterator[None]:
+    """Append how long the block ran (a transaction holding the write lock) to ``locks``."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        locks.append(time.perf_counter() - started)
 
 
 def _merge_in_steps(conn: Connection, name: str, locks: list[float]) -> None:
@@ -408,11 +416,12 @@ def repair(
     if before.ok:
         return result
     writer = engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+    locks: list[float] = [0.0]
     with sqlite_errors(path):
         if path is not None:
             result.backup = _repair_backup(engine, backup_to or default_backup_path(path, "repair"))
         with writer.connect() as conn:
-            with conn.begin(), _held(result):
+            with conn.begin(), _timed(locks):
                 waiting = {item.index for item in pending(conn)}
                 restore = restore_mechanism(conn, rebuild=not deferred, exclude=waiting)
                 result.restored = restore.restored
@@ -433,26 +442,16 @@ def repair(
                     result.repaired[name] = "emptied and refilled by the deferred backfill"
             for name in others:
                 if name not in result.repaired:
-                    with conn.begin(), _held(result):
+                    with conn.begin(), _timed(locks):
                         result.repaired[name] = repair_index(conn, name)
             for name, how in result.repaired.items():
                 log.info("repair: %s %s", name, how)
+        result.longest_write_lock_s = max(locks)
         if refill:
             backfill.run(engine, progress=progress)
         with engine.connect() as conn:
             result.after = check_store(conn, quick=quick)
     return result
-
-
-@contextlib.contextmanager
-def _held(result: RepairResult) -> Iterator[None]:
-    """Time a write transaction into ``result.longest_write_lock_s``."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        held = time.perf_counter() - started
-        result.longest_write_lock_s = max(result.longest_write_lock_s, held)
 
 
 def _repair_backup(engine: Engine, dest: Path) -> Path:

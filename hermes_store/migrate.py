@@ -19,7 +19,6 @@ from alembic.operations import Operations
 from alembic.runtime.environment import EnvironmentContext
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
@@ -863,12 +862,8 @@ def stamp(url: str | None, revision: str) -> tuple[str | None, str | None]:
     try:
         with sqlite_errors(path), engine.connect() as conn:
             conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-            try:
-                problems = schema_differences(conn, revision)
-            except CommandError:
-                raise
-            except Exception as exc:  # an unknown revision name
-                raise StoreError(f"{revision}: not a revision of hermes-store ({exc})") from None
+            # An unknown revision name raises Alembic's CommandError, which says so.
+            problems = schema_differences(conn, revision)
             if problems:
                 raise StoreError(
                     f"stamp {revision} refused, the store does not have that schema: "

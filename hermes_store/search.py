@@ -312,7 +312,7 @@ def _count_terms(match: str) -> int:
     return count
 
 
-def _check_bounded(route: _Route, query: str) -> None:
+def _check_bounded(route: _Route) -> None:
     if route.index is not None and (terms := _count_terms(route.match)) > MAX_SEARCH_TERMS:
         raise QueryTooComplex(
             f"the search query has {terms} distinct terms; at most {MAX_SEARCH_TERMS} are "
@@ -942,7 +942,7 @@ def search_messages(
         log.debug("search: no %s table; no results", WORD_INDEX)  # FTS5 unavailable
         return SearchResults()
     route = _route(sanitized, trigram=TRIGRAM_INDEX in tables)
-    _check_bounded(route, query)
+    _check_bounded(route)
     filters = _Filters(
         include_inactive=include_inactive,
         source_filter=source_filter,
