@@ -7,6 +7,13 @@ rows in between to this module. Each chunk indexes the next rows and moves the m
 the same short `BEGIN IMMEDIATE` transaction, so a kill at any instant loses at most the
 chunk in flight, and a re-run resumes from the marker. When an index is complete its keys
 are deleted and its triggers behave as usual.
+
+An index rebuilt beside a legacy one (`<index>_next`, see :func:`fts.staged_indexes`) is
+filled the same way under its own name; once it is filled and merged, one short step swaps
+it in (the legacy index is renamed `<index>_retired`, the new one takes its name and the
+head's triggers), and later steps empty the retired index a bounded number of rows at a
+time, then drop it. Every step is one transaction: a kill at any instant leaves either
+index serving, complete.
 """
 
 from __future__ import annotations
@@ -21,7 +28,16 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from hermes_store.engine import BEGIN_OPTION
-from hermes_store.fts import INDEXES, SOURCE_VIEW, present_indexes
+from hermes_store.fts import (
+    INDEXES,
+    SOURCE_VIEW,
+    logical_index,
+    present_indexes,
+    retired_indexes,
+    staged_indexes,
+    staged_name,
+)
+from hermes_store.revisions import fts_head
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +59,12 @@ MAX_CHUNK_BYTES = 1 << 30
 DEFAULT_CHUNK_ROWS = 2000
 DEFAULT_MAX_LOCK_MS = 100.0
 DEFAULT_DUTY = 0.5
+#: Rows of a retired index's shadow tables deleted by the first step (then adapted).
+FIRST_RETIRE_ROWS = 256
+MAX_RETIRE_ROWS = 1 << 20
+#: The first rows of an FTS5 `_data` table (averages, structure): kept until the retired
+#: index is dropped, which reads them.
+_RESERVED_DATA_ROWS = 10
 #: Each step is sized to hold the lock for this share of max_lock_ms, so that the slow
 #: ones (denser text, a busy CPU) still stay under it ...
 STEP_TARGET = 0.5
@@ -54,9 +76,15 @@ STEP_GROWTH = 1.5
 class Pending:
     """An index whose rows in (indexed_upto, high_water] are not indexed yet."""
 
+    #: The table being filled: the index, or the table it is rebuilt in beside itself.
     index: str
     high_water: int
     indexed_upto: int
+
+    @property
+    def logical(self) -> str:
+        """The index this fill is for (``messages_fts`` for ``messages_fts_next``)."""
+        return logical_index(self.index)
 
 
 @dataclass
@@ -91,17 +119,22 @@ def _meta(conn: Connection) -> dict[str, str]:
     }
 
 
+def _fillable() -> tuple[str, ...]:
+    """Every table a backfill may fill: the indexes, then the tables they are rebuilt in."""
+    return (*INDEXES, *(staged_name(index) for index in INDEXES))
+
+
 def merging(conn: Connection) -> list[str]:
     """Indexes whose fill is done but whose segments are not merged yet."""
     rows = _meta(conn)
-    return [index for index in INDEXES if MERGING.format(index=index) in rows]
+    return [index for index in _fillable() if MERGING.format(index=index) in rows]
 
 
 def pending(conn: Connection) -> list[Pending]:
     """Indexes with an unfinished deferred backfill (rows not indexed yet)."""
     rows = _meta(conn)
     result = []
-    for index in INDEXES:
+    for index in _fillable():
         high = rows.get(HIGH_WATER.format(index=index))
         if high is not None:
             upto = int(rows.get(INDEXED_UPTO.format(index=index)) or 0)
@@ -125,7 +158,7 @@ def start(conn: Connection, index: str) -> Pending:
     Runs inside the caller's transaction; after it commits, search covers the marked rows
     by scanning them until `run` has indexed them.
     """
-    if index not in present_indexes(conn):
+    if index not in present_indexes(conn) and index not in staged_indexes(conn).values():
         raise ValueError(f"{index} does not exist in this store")
     high = int(conn.execute(text("SELECT coalesce(max(id), 0) FROM messages")).scalar_one())
     conn.exec_driver_sql(f"INSERT INTO {index}({index}) VALUES ('delete-all')")
@@ -218,10 +251,11 @@ def run(
     with engine.connect() as conn:
         started = {item.index: rows_left(conn, item) for item in pending(conn)}
     report = BackfillProgress(rows_total=max(started.values(), default=0))
-    # Start small and let _next_size find the byte budget that fits in max_lock_ms.
-    sizes = dict.fromkeys(INDEXES, FIRST_CHUNK_BYTES)
-    pages = dict.fromkeys(INDEXES, MERGE_PAGES)
-    filled = dict.fromkeys(INDEXES, 0)
+    # Start small and let next_size find the byte budget that fits in max_lock_ms.
+    sizes = dict.fromkeys(_fillable(), FIRST_CHUNK_BYTES)
+    pages = dict.fromkeys(_fillable(), MERGE_PAGES)
+    filled = dict.fromkeys(_fillable(), 0)
+    retire_rows: dict[str, int] = {}
     turn = 0
     with writer.connect() as conn:
         # Each step is resumable, so losing the last steps to a power cut costs nothing:
@@ -249,19 +283,27 @@ def run(
                     key = todo[(turn // 2) % len(todo)].index
                     done = _merge_step(conn, key, pages[key])
                     adapt, limits = pages, MERGE_PAGES * 64
-                else:
-                    indexes = merging(conn)
-                    if not indexes:
-                        break
+                elif indexes := merging(conn):
                     key = indexes[turn % len(indexes)]
                     done = _merge_step(conn, key, pages[key])
                     if done < 2:
                         _finish_merge(conn, key)
                     adapt, limits = pages, MERGE_PAGES * 64
+                elif staged := staged_indexes(conn):  # filled and merged: swap it in
+                    key = next(iter(staged))
+                    done = swap_in(conn, key)
+                    adapt, limits = {key: 1}, 1
+                elif retired := retired_indexes(conn):  # free the swapped-out index's pages
+                    key = retired[0]
+                    retire_rows.setdefault(key, FIRST_RETIRE_ROWS)
+                    done = retire_step(conn, key, retire_rows[key])
+                    adapt, limits = retire_rows, MAX_RETIRE_ROWS
+                else:
+                    break
             held = time.perf_counter() - t0
             turn += 1
             amount = done if adapt is sizes else adapt[key]
-            resized = _next_size(max(amount, 1), held * 1000, max_lock_ms, limits)
+            resized = next_size(max(amount, 1), held * 1000, max_lock_ms, limits)
             if adapt is sizes or done >= adapt[key] or resized < adapt[key]:
                 adapt[key] = resized  # a merge that ran out of work is no reason to grow
             report.chunks += 1
@@ -286,6 +328,66 @@ def run(
         report.checkpoint_seconds,
     )
     return report
+
+
+def swap_in(conn: Connection, index: str) -> int:
+    """Make the fully built `<index>_next` the index; keep the legacy one as retired.
+
+    Runs in the caller's write transaction: drops the legacy and staged triggers, renames
+    (FTS5 renames the shadow tables with them; nothing is copied or freed), creates the
+    head's triggers. Returns 1 (one step of work).
+    """
+    head = fts_head()
+    staged, retired = staged_name(index), index + str(head.RETIRED_SUFFIX)
+    if any(item.index == staged for item in pending(conn)) or staged in merging(conn):
+        raise ValueError(f"{staged} is not complete yet: it cannot replace {index}")
+    for trigger in (*head.TRIGGER_NAMES[index], *head.STAGED_TRIGGER_NAMES[index]):
+        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}")
+    conn.exec_driver_sql(f"DROP TABLE IF EXISTS {retired}")  # a leftover of an earlier swap
+    if index in present_indexes(conn):
+        conn.exec_driver_sql(f"ALTER TABLE {index} RENAME TO {retired}")
+    conn.exec_driver_sql(f"ALTER TABLE {staged} RENAME TO {index}")
+    for ddl in head.EXTERNAL_TRIGGERS[index]:
+        conn.exec_driver_sql(ddl)
+    log.info("backfill: %s swapped in for the legacy index %s (now %s)", staged, index, retired)
+    return 1
+
+
+def retire_step(conn: Connection, retired: str, rows: int) -> int:
+    """Delete up to `rows` rows of a retired index's shadow tables; drop it once emptied.
+
+    Deleting rows frees their pages a bounded number at a time, so no step holds the write
+    lock for long; the final DROP TABLE then only has the empty tables to free.
+    """
+    deleted = 0
+    shadows = {
+        "_data": f"id > {_RESERVED_DATA_ROWS}",
+        "_idx": "1",
+        "_docsize": "1",
+        "_content": "1",
+    }
+    for suffix, where in shadows.items():
+        table = retired + suffix
+        if (
+            deleted >= rows
+            or not conn.execute(
+                text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :t"), {"t": table}
+            ).first()
+        ):
+            continue
+        key = "segid, term" if suffix == "_idx" else "id"
+        deleted += int(
+            conn.exec_driver_sql(
+                f"DELETE FROM {table} WHERE ({key}) IN "
+                f"(SELECT {key} FROM {table} WHERE {where} LIMIT {int(rows - deleted)})"
+            ).rowcount
+            or 0
+        )
+    if deleted < rows:
+        conn.exec_driver_sql(f"DROP TABLE {retired}")
+        log.info("backfill: the retired index %s is dropped", retired)
+        deleted += 1
+    return deleted
 
 
 def _merge_step(conn: Connection, index: str, pages: int) -> int:
@@ -325,7 +427,7 @@ def _finish_merge(conn: Connection, index: str) -> None:
     )
 
 
-def _next_size(size: int, held_ms: float, max_lock_ms: float, ceiling: int) -> int:
+def next_size(size: int, held_ms: float, max_lock_ms: float, ceiling: int) -> int:
     """Size the next step so that it holds the lock for about half of `max_lock_ms`.
 
     Proportional to the last step's rate, growing at most 1.5x per step so that one fast

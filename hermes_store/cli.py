@@ -481,18 +481,32 @@ def history(db: str | None, fmt: str) -> None:
     )
 
 
+#: Search layouts of this package (complete, or being rebuilt beside a legacy index).
+_OURS = ("external", "staging")
+
+
 def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
-    """Per index, what an unfinished deferred backfill still has to do."""
+    """Per index, what an unfinished deferred backfill still has to do.
+
+    An index rebuilt beside its legacy table is listed under its own name, with the table
+    it is built in (``"table": "messages_fts_next"``); a swapped-out legacy index whose
+    pages are still being freed under its retired name.
+    """
     status: dict[str, dict[str, Any]] = {}
     for item in backfill.pending(conn):
-        status[item.index] = {
+        status[item.logical] = {
             "state": "filling",
             "high_water": item.high_water,
             "indexed_upto": item.indexed_upto,
             "rows_left": backfill.rows_left(conn, item),
         }
-    for index in backfill.merging(conn):
-        status[index] = {"state": "merging", "rows_left": 0}
+    for table in backfill.merging(conn):
+        status[fts.logical_index(table)] = {"state": "merging", "rows_left": 0}
+    for index, table in fts.staged_indexes(conn).items():
+        status.setdefault(index, {"state": "ready to swap in", "rows_left": 0})
+        status[index]["table"] = table
+    for table in fts.retired_indexes(conn):
+        status[table] = {"state": "retired, being dropped in steps", "rows_left": 0}
     return status
 
 
@@ -506,7 +520,9 @@ def _current(engine: Engine) -> dict[str, Any]:
             "head": migrate.head_revision(),
             "fts_layout": fts.layout(conn),
             "fts_indexes": {name: fts.index_layout(conn, name) for name in fts.INDEXES},
-            "backfill": backfill_status(conn) if fts.layout(conn) == "external" else {},
+            "backfill": backfill_status(conn)
+            if fts.layout(conn) in ("external", "staging")
+            else {},
         }
 
 
@@ -623,7 +639,7 @@ def storage(db: str | None, fmt: str) -> None:
         engine = open_existing(db)
         with engine.connect() as conn:
             report = storage_report(conn)
-            waiting = backfill_status(conn) if fts.layout(conn) == "external" else {}
+            waiting = backfill_status(conn) if fts.layout(conn) in _OURS else {}
     if fmt == "json":
         _emit({**report.as_dict(), "backfill": waiting})
         return

@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import Connection, RootTransaction, text
+from sqlalchemy import Connection, RootTransaction, bindparam, text
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store.engine import BEGIN_OPTION, create_store_engine, db_path, translate_error
@@ -88,13 +88,17 @@ def is_application_layout(conn: Connection) -> bool:
 
 
 def layout(conn: Connection) -> str:
-    """The store's search layout: 'external', 'inline', 'application' or 'none'.
+    """The store's search layout: 'external', 'inline', 'staging', 'application' or 'none'.
 
     'application' is the Hermes application's own external layout (its view
-    `messages_fts_src`), which this package recognises and leaves as it is.
+    `messages_fts_src`), which this package recognises and leaves as it is. 'staging': an
+    external index is being built beside a legacy one (:func:`staged_indexes`), which the
+    application keeps reading until the backfill swaps them.
     """
     if is_application_layout(conn):
         return "application"
+    if staged_indexes(conn):
+        return "staging"
     return index_layout(conn, WORD_INDEX)
 
 
@@ -111,6 +115,53 @@ def set_layout_marker(conn: Connection, value: str | None) -> None:
 def present_indexes(conn: Connection) -> list[str]:
     """The FTS5 indexes this store has, word index first."""
     return [name for name in INDEXES if _declaration(conn, name) is not None]
+
+
+# -- a legacy index rebuilt beside itself ----------------------------------------------------
+# A legacy index that cannot be converted in place and is rebuilt by the deferred backfill
+# stays where the application's own search reads it, fed by its legacy triggers, while the
+# external index is built beside it as `<index>_next` (see the FTS branch's revision). The
+# backfill swaps them when the new one is complete and then drops the old one, renamed
+# `<index>_retired`, in short steps.
+
+
+def staged_name(index: str) -> str:
+    """The table an index is rebuilt in, beside the legacy one: ``messages_fts_next``."""
+    return index + str(fts_head().STAGED_SUFFIX)
+
+
+def retired_name(index: str) -> str:
+    """The name a swapped-out legacy index keeps until it is dropped."""
+    return index + str(fts_head().RETIRED_SUFFIX)
+
+
+def logical_index(table: str) -> str:
+    """The index a staged or retired table stands for (the name itself otherwise)."""
+    for index in INDEXES:
+        if table in (staged_name(index), retired_name(index)):
+            return index
+    return table
+
+
+def _tables_named(conn: Connection, names: Collection[str]) -> set[str]:
+    rows = conn.execute(
+        text("SELECT name FROM sqlite_master WHERE type = 'table' AND name IN :names").bindparams(
+            bindparam("names", expanding=True)
+        ),
+        {"names": list(names)},
+    )
+    return {str(row[0]) for row in rows}
+
+
+def staged_indexes(conn: Connection) -> dict[str, str]:
+    """Index -> the table it is being rebuilt in, for each index being rebuilt beside itself."""
+    staged = {staged_name(index): index for index in INDEXES}
+    return {staged[name]: name for name in sorted(_tables_named(conn, staged))}
+
+
+def retired_indexes(conn: Connection) -> list[str]:
+    """Swapped-out legacy indexes whose pages are not freed yet."""
+    return sorted(_tables_named(conn, [retired_name(index) for index in INDEXES]))
 
 
 @dataclass
@@ -312,8 +363,13 @@ _SCHEMA_OBJECTS = (
 
 
 def normalise_sql(sql: str) -> str:
-    """DDL as compared here: whitespace runs collapsed, no `IF NOT EXISTS`, no final `;`."""
-    return _IF_NOT_EXISTS.sub(r"\1 ", " ".join(sql.split()).rstrip(";").rstrip())
+    """DDL as compared here: whitespace runs collapsed, no `IF NOT EXISTS`, no final `;`,
+    the created name unquoted (SQLite quotes it when ALTER TABLE renames the object)."""
+    sql = _IF_NOT_EXISTS.sub(r"\1 ", " ".join(sql.split()).rstrip(";").rstrip())
+    match = _CREATED.match(sql)
+    if match is not None:
+        sql = sql[: match.start(1)] + match.group(1).strip("\"'`[]") + sql[match.end(1) :]
+    return sql
 
 
 def _created_name(sql: str) -> str:
@@ -335,6 +391,9 @@ class SearchObject:
     index: str | None = None
     #: For a trigger: the inline-layout body the legacy application gives that name.
     legacy_sql: str | None = None
+    #: Only its presence is checked: a legacy index kept serving while it is rebuilt beside
+    #: itself, and its triggers (their bodies vary with the application's version).
+    presence_only: bool = False
 
     @property
     def label(self) -> str:
@@ -343,11 +402,29 @@ class SearchObject:
 
 
 @functools.cache
-def head_objects() -> tuple[SearchObject, ...]:
-    """The view, then each index's declaration and three triggers, from `fts_head()`."""
+def head_objects(
+    staged: frozenset[str] = frozenset(), display_triggers: bool = False
+) -> tuple[SearchObject, ...]:
+    """The view, then each index's declaration and three triggers, from `fts_head()`.
+
+    For an index in ``staged`` (being rebuilt beside itself): the legacy table and its
+    legacy triggers (presence only; ``display_triggers``: the application's schema 30 or
+    later, whose update trigger is its narrow one), then the staged declaration and triggers.
+    """
     head = fts_head()
     objects = [SearchObject("view", str(head.VIEW), str(head.MESSAGES_FTS_SOURCE_VIEW))]
     for index in INDEXES:
+        if index in staged:
+            objects.append(
+                SearchObject("table", index, str(head.INLINE_TABLES[index]), index, None, True)
+            )
+            for sql in head.legacy_triggers(index, display_triggers):
+                objects.append(SearchObject("trigger", _created_name(sql), sql, index, None, True))
+            name = staged_name(index)
+            objects.append(SearchObject("table", name, str(head.STAGED_TABLES[index]), index))
+            for sql in head.STAGED_TRIGGERS[index]:
+                objects.append(SearchObject("trigger", _created_name(sql), str(sql), index))
+            continue
         objects.append(SearchObject("table", index, str(head.EXTERNAL_TABLES[index]), index))
         ddl = {_created_name(sql): str(sql) for sql in head.EXTERNAL_TRIGGERS[index]}
         legacy = {_created_name(sql): str(sql) for sql in head.LEGACY_TRIGGERS[index]}
@@ -366,23 +443,36 @@ class MechanismCheck:
     problems: dict[str, str] = field(default_factory=dict)
     #: The indexes this store must have, word index first.
     expected: list[str] = field(default_factory=list)
+    #: Index -> the table it is being rebuilt in, beside the legacy one.
+    staged: dict[str, str] = field(default_factory=dict)
+    #: What was compared (:func:`head_objects` for this store).
+    objects: tuple[SearchObject, ...] = field(default_factory=head_objects)
 
     @property
     def ok(self) -> bool:
         """True when every object is as this package defines it (or nothing was checked)."""
         return not self.problems
 
-    def problems_of(self, index: str) -> dict[str, str]:
-        """The problems of the objects that write or declare ``index``."""
-        objects = {obj.label: obj for obj in head_objects()}
-        return {label: why for label, why in self.problems.items() if objects[label].index == index}
+    def problems_of(self, index: str, *, staged_only: bool = False) -> dict[str, str]:
+        """The problems of the objects that write or declare ``index`` (with
+        ``staged_only``: not those of a legacy index kept serving while it is rebuilt)."""
+        objects = {obj.label: obj for obj in self.objects}
+        return {
+            label: why
+            for label, why in self.problems.items()
+            if objects[label].index == index and not (staged_only and objects[label].presence_only)
+        }
 
     def damaged(self) -> dict[str, str]:
-        """Index -> why search cannot use it; every index when the view is wrong."""
-        view = head_objects()[0].label
+        """Index -> why search cannot use it; every index when the view is wrong.
+
+        For an index being rebuilt beside itself, only the objects search reads or that
+        feed the new index count (the legacy ones serve the application, not this package).
+        """
+        view = self.objects[0].label
         damaged: dict[str, str] = {}
         for index in self.expected:
-            found = self.problems_of(index)
+            found = self.problems_of(index, staged_only=True)
             if view in self.problems:
                 found = {view: self.problems[view], **found}
             if found:
@@ -414,6 +504,8 @@ def _compare(obj: SearchObject, found: tuple[str, str | None] | None) -> str | N
     """Why the object found under ``obj.name`` is wrong, or None when it is right."""
     if found is None:
         return MISSING
+    if obj.presence_only:
+        return None if found[0] == obj.kind else DIFFERS
     kind, sql = found
     if kind != obj.kind or sql is None:
         return DIFFERS
@@ -454,10 +546,9 @@ def check_mechanism(conn: Connection, *, probe_trigram: bool = True) -> Mechanis
             skipped="the indexes are in the Hermes application's own layout, not this "
             "package's; its search mechanism was not checked"
         )
-    objects = head_objects()
     ours = (
         meta.get(LAYOUT_MARKER) == "external"
-        or objects[0].name in master
+        or head_objects()[0].name in master
         or _is_external(master.get(WORD_INDEX, ("", None))[1])
     )
     present = [name for name in INDEXES if master.get(name, ("", None))[0] == "table"]
@@ -473,7 +564,13 @@ def check_mechanism(conn: Connection, *, probe_trigram: bool = True) -> Mechanis
             "nothing to check"
         )
     trigram = TRIGRAM_INDEX in present or (probe_trigram and has_trigram(conn))
-    result = MechanismCheck(expected=[WORD_INDEX, *([TRIGRAM_INDEX] if trigram else [])])
+    staged = {index: staged_name(index) for index in INDEXES if staged_name(index) in master}
+    objects = head_objects(frozenset(staged), "messages_display_order_insert" in master)
+    result = MechanismCheck(
+        expected=[WORD_INDEX, *([TRIGRAM_INDEX] if trigram else [])],
+        staged=staged,
+        objects=objects,
+    )
     for obj in objects:
         if obj.index is not None and obj.index not in result.expected:
             continue
@@ -524,7 +621,7 @@ def restore_mechanism(
     if check.skipped is not None:
         log.debug("restore: %s", check.skipped)
         return outcome
-    wrong = [obj for obj in head_objects() if obj.label in check.problems]
+    wrong = [obj for obj in check.objects if obj.label in check.problems]
     for kind in ("trigger", "view", "table"):
         for obj in wrong:
             if obj.kind == kind:
@@ -537,6 +634,13 @@ def restore_mechanism(
                 log.info("restore: re-created %s (it was: %s)", obj.label, was)
     reasons: dict[str, str] = {}
     for index in check.expected:
+        if index in check.staged:
+            # Being rebuilt beside itself: a re-created staged object means its fill starts
+            # over (left to the caller, as deferred); the legacy one only needed its objects.
+            problems = check.problems_of(index, staged_only=True)
+            if problems:
+                outcome.to_refill[check.staged[index]] = "after restoring " + ", ".join(problems)
+            continue
         problems = check.problems_of(index)
         if problems:
             reasons[index] = "after restoring " + ", ".join(problems)

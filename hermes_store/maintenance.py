@@ -32,6 +32,8 @@ from hermes_store.fts import (
     present_indexes,
     repair_index,
     restore_mechanism,
+    retired_indexes,
+    staged_indexes,
 )
 
 log = logging.getLogger(__name__)
@@ -179,8 +181,13 @@ def optimize(
     # progress and leaves the store as the previous step left it.
     with sqlite_errors(path):
         with engine.connect() as conn:
-            names = present_indexes(conn)
+            # A legacy index being rebuilt beside itself is not merged: it is to be dropped.
+            names = [name for name in present_indexes(conn) if name not in staged_indexes(conn)]
+            retired = retired_indexes(conn)
             conn.rollback()
+            for name in retired:
+                say(f"dropping the retired index {name}")
+                _retire(conn, name, locks, whole=bool(vacuum))
             for name in names:
                 say(f"merging {name}")
                 if vacuum:
@@ -259,6 +266,23 @@ def _merge_in_steps(conn: Connection, name: str, locks: list[float]) -> None:
         time.sleep(locks[-1] * STEP_PAUSE)
 
 
+def _retire(conn: Connection, name: str, locks: list[float], *, whole: bool) -> None:
+    """Drop a swapped-out legacy index: at once (``whole``, the full optimize holds the lock
+    anyway), or in bounded steps with pauses between, as the backfill does."""
+    rows = backfill.FIRST_RETIRE_ROWS
+    while True:
+        with _writing(conn, locks):
+            if whole:
+                conn.exec_driver_sql(f"DROP TABLE {name}")
+                return
+            deleted = backfill.retire_step(conn, name, rows)
+        if deleted < rows:
+            return
+        # Size the next step like the merges: about 50 ms of lock, growing at most 1.5x.
+        rows = backfill.next_size(rows, locks[-1] * 1000, 100.0, backfill.MAX_RETIRE_ROWS)
+        time.sleep(locks[-1] * STEP_PAUSE)
+
+
 def _vacuum_in_steps(driver: sqlite3.Connection, locks: list[float], say: Progress) -> int:
     """Return free pages to the file system in short steps, when the store uses
     incremental auto-vacuum; else the bytes only a full VACUUM can return (0 when none)."""
@@ -325,11 +349,25 @@ def check_store(conn: Connection, *, quick: bool = False, snapshot: bool = True)
     reporting the indexes as broken.
     """
     reading = not conn.in_transaction()
-    skip = {
-        item.index: f"deferred backfill pending ({rows_left(conn, item)} rows not indexed yet); "
-        "finish it with `hermes-store optimize-storage`"
-        for item in pending(conn)
-    }
+    skip = {}
+    for item in pending(conn):
+        left = f"{rows_left(conn, item)} rows not indexed yet"
+        if item.index == item.logical:
+            skip[item.index] = (
+                f"deferred backfill pending ({left}); finish it with `hermes-store "
+                "optimize-storage`"
+            )
+        else:
+            skip[item.logical] = (
+                f"rebuilt as {item.index}, {left}: `hermes-store optimize-storage` finishes "
+                "it and swaps it in; the legacy index serves the application meanwhile"
+            )
+    for index, table in staged_indexes(conn).items():
+        skip.setdefault(
+            index,
+            f"rebuilt as {table}, not swapped in yet: `hermes-store optimize-storage` swaps "
+            "it in; the legacy index serves the application meanwhile",
+        )
     if reading and conn.in_transaction():
         conn.rollback()  # end the read: the FTS checks are writers from their BEGIN
     where = Path(tempfile.gettempdir()) if snapshot else None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import heapq
 import json
 import logging
@@ -34,6 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import TableClause
 
 from hermes_store import fts
 from hermes_store.errors import QueryTooComplex, UnsupportedLayout
@@ -112,11 +115,14 @@ _sessions = table(
 )
 _m = _messages.alias("m")
 _s = _sessions.alias("s")
-_indexes = {
-    name: table(name, column("rowid", Integer), column("rank", Float))
-    for name in (WORD_INDEX, TRIGRAM_INDEX)
-}
 _sqlite_master = table("sqlite_master", column("type", String), column("name", String))
+
+
+def _index_table(name: str) -> TableClause:
+    return table(name, column("rowid", Integer), column("rank", Float))
+
+
+_indexes = {name: _index_table(name) for name in (WORD_INDEX, TRIGRAM_INDEX)}
 
 # The context window of a hit ``t``: the ids of its session's previous and next messages in
 # (timestamp, id) order, every row of the session included whatever its visibility flags.
@@ -191,6 +197,13 @@ class _Route:
     index: str | None
     match: str
     like_tokens: tuple[str, ...]
+    #: The table that holds the index, when it is rebuilt beside a legacy one.
+    table: str | None = None
+
+    @property
+    def source(self) -> str | None:
+        """The FTS5 table the route reads: ``table`` or else ``index``."""
+        return self.table or self.index
 
 
 @dataclass(frozen=True)
@@ -382,10 +395,10 @@ def _hits_select(
     route: _Route, filters: _Filters, *, like_function: str | None = None
 ) -> Select[*tuple[Any, ...]]:
     """Select ``id``, ``rank`` and ``snippet`` of the messages a route matches, filtered."""
-    if route.index is not None:
-        index = _indexes[route.index]
-        snippet = literal_column(f"snippet({route.index}, 0, '>>>', '<<<', '...', 40)", String)
-        matches = literal_column(route.index).op("MATCH")(
+    if route.source is not None:
+        index = _indexes[route.source] if route.source in _indexes else _index_table(route.source)
+        snippet = literal_column(f"snippet({route.source}, 0, '>>>', '<<<', '...', 40)", String)
+        matches = literal_column(route.source).op("MATCH")(
             bindparam("match", route.match, String, unique=True)
         )
         return (
@@ -507,13 +520,32 @@ def _results_select(
     return statement.limit(limit).offset(offset)
 
 
+@functools.cache
+def _staged() -> dict[str, str]:
+    """Table an index is rebuilt in -> the index (read from the FTS branch on first use)."""
+    return {fts.staged_name(name): name for name in (WORD_INDEX, TRIGRAM_INDEX)}
+
+
 def _fts_tables(conn: Connection) -> set[str]:
-    """Return which of the two FTS indexes (and `state_meta`) exist in the database."""
+    """Return which of the two FTS indexes (and `state_meta`) exist in the database, and
+    the tables they are being rebuilt in (``messages_fts_next``), if any."""
     statement = select(_sqlite_master.c.name).where(
         _sqlite_master.c.type == "table",
-        _sqlite_master.c.name.in_([WORD_INDEX, TRIGRAM_INDEX, "state_meta"]),
+        _sqlite_master.c.name.in_([WORD_INDEX, TRIGRAM_INDEX, "state_meta", *_staged()]),
     )
     return set(conn.execute(statement).scalars())
+
+
+def _in_rebuilt_table(route: _Route, tables: set[str]) -> _Route:
+    """Read an index being rebuilt beside its legacy table from the new table.
+
+    The legacy table keeps serving the application meanwhile, but it is the one that
+    drifted: this package answers from the new one (plus its pending rows), which is exact.
+    """
+    for staged, index in _staged().items():
+        if route.index == index and staged in tables:
+            return dataclasses.replace(route, table=staged)
+    return route
 
 
 _LIKE_ANY = "hermes_like_any"
@@ -569,8 +601,8 @@ def _fetch_hits(
     """
     limit, offset = page
     bounds = None
-    if route.index is not None and "state_meta" in tables and not scan:
-        bounds = _pending_range(conn, route.index)
+    if route.source is not None and "state_meta" in tables and not scan:
+        bounds = _pending_range(conn, route.source)
     if bounds is not None:  # fetch the first pages whole, merge, then cut the page
         # A negative LIMIT is SQLite's "no limit" (and a negative OFFSET counts as 0).
         limit, offset = (-1 if limit < 0 else limit + max(offset, 0)), 0
@@ -941,7 +973,7 @@ def search_messages(
     if WORD_INDEX not in tables and WORD_INDEX not in damaged:
         log.debug("search: no %s table; no results", WORD_INDEX)  # FTS5 unavailable
         return SearchResults()
-    route = _route(sanitized, trigram=TRIGRAM_INDEX in tables)
+    route = _in_rebuilt_table(_route(sanitized, trigram=TRIGRAM_INDEX in tables), tables)
     _check_bounded(route)
     filters = _Filters(
         include_inactive=include_inactive,

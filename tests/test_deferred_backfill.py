@@ -130,13 +130,21 @@ def message_rows(path: Path) -> list[tuple[int, str]]:
 
 
 def markers(path: Path) -> dict[str, str]:
-    """The backfill keys of state_meta, read with plain sqlite3."""
+    """The backfill keys of state_meta, read with plain sqlite3, by the index they fill.
+
+    A legacy index rebuilt beside itself is filled as `<index>_next` (its keys say so):
+    here its keys are named after the index it replaces.
+    """
     with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
-        return dict(
+        keys = dict(
             conn.execute(
                 "SELECT key, value FROM state_meta WHERE key LIKE 'messages_fts%backfill%'"
             )
         )
+    staged = {f"{fts.staged_name(index)}.": f"{index}." for index in fts.INDEXES}
+    for prefix, index in staged.items():
+        keys = {key.replace(prefix, index, 1): value for key, value in keys.items()}
+    return keys
 
 
 def stage(keys: dict[str, str]) -> tuple[tuple[int, int], ...]:
@@ -193,6 +201,9 @@ def hit_sets(conn: Any, queries: list[dict[str, Any]]) -> list[set[int]]:
 def assert_finished_and_exact(path: Path) -> None:
     """No backfill left, both FTS5 integrity checks (rank 1) and the PRAGMA pass."""
     assert markers(path) == {}
+    with contextlib.closing(sqlite3.connect(path)) as conn:  # swapped in, old ones dropped
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    assert not {name for name in tables if name.endswith(("_next", "_retired"))}, tables
     report = invoke("check", "--db", path)
     assert report["ok"], report["problems"]
     assert set(report["checked"]) >= {"PRAGMA integrity_check", WORD, TRIGRAM}
@@ -416,11 +427,12 @@ def test_kill_9_at_many_points_then_resume_loses_nothing(
         assert status["revision"] in ("21, fts1", migrate.head_revision())
         now = stage(markers(db))
         for index, (phase, upto) in zip(fts.INDEXES, now, strict=True):
+            filling = status["backfill"].get(fts.staged_name(index)) or status["backfill"][index]
             if phase == 0:  # `current` reports what the markers say
-                assert status["backfill"][index]["state"] == "filling"
-                assert status["backfill"][index]["indexed_upto"] == upto
+                assert filling["state"] == "filling"
+                assert filling["indexed_upto"] == upto
             elif phase == 1:
-                assert status["backfill"][index]["state"] == "merging"
+                assert filling["state"] == "merging"
         assert all(a <= b for a, b in zip(history[-1], now, strict=True)), (history[-1], now)
         if now != history[-1] and now != ((2, 0), (2, 0)):
             mid_run += 1  # the markers moved in this run, and it was not finished
@@ -685,7 +697,7 @@ def test_every_query_finds_the_oracles_hits_at_a_dozen_points_of_the_backfill(
 
     def filled() -> float:
         with reader.connect() as conn:
-            waiting = {item.index: item for item in backfill.pending(conn)}
+            waiting = {item.logical: item for item in backfill.pending(conn)}
         return sum(
             waiting[i].indexed_upto / waiting[i].high_water if i in waiting else 1.0
             for i in fts.INDEXES
@@ -758,12 +770,18 @@ def test_current_json_shows_the_progress(small: Stores, tmp_path: Path) -> None:
     high = small.rows[-1][0]
     start = invoke("current", "--db", db)["backfill"]
     assert start == {
-        index: {"state": "filling", "high_water": high, "indexed_upto": 0, "rows_left": high}
+        index: {
+            "state": "filling",
+            "high_water": high,
+            "indexed_upto": 0,
+            "rows_left": high,
+            "table": fts.staged_name(index),  # rebuilt beside the drifted legacy index
+        }
         for index in fts.INDEXES
     }
     run_partly(db, 3, chunk_rows=40)
     middle = invoke("current", "--db", db)["backfill"]
-    moved = [i for i in fts.INDEXES if middle[i]["indexed_upto"] > 0]
+    moved = [i for i in fts.INDEXES if middle[i].get("indexed_upto", 0) > 0]
     assert moved
     for index in moved:
         status = middle[index]

@@ -25,6 +25,14 @@ and the triggers' WHEN clause leaves those rows to the backfill (a 'delete' for 
 was never indexed would corrupt the index). Without those keys every row is indexed.
 `UPDATE OF` also lists `id`, so a changed rowid never leaves a stale entry.
 
+A legacy index that must be rebuilt under `-x fts_backfill=deferred` is not dropped: the
+application's own search keeps reading it (its legacy triggers keep feeding it) while the
+external index is built beside it as `<fts>_next` (declaration and triggers: the head's,
+renamed; backfill keys `<fts>_next.backfill_*`). When that fill is complete, the backfill
+(`hermes-store optimize-storage`) swaps them in one short transaction: the legacy index is
+renamed `<fts>_retired`, `<fts>_next` becomes `<fts>` with the head's triggers, and the
+retired index is then emptied and dropped in short steps.
+
 A store whose indexes the Hermes application already moved to its own external layout
 (its view `messages_fts_src`, marker `fts_storage_version`) is left as it is, in one log
 line: the application maintains those objects itself.
@@ -49,6 +57,7 @@ Revises: 17
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -283,6 +292,45 @@ INDEXED_EXPRESSION = (
 )
 
 
+#: Suffix of an external index built beside the legacy one it replaces (deferred rebuild).
+STAGED_SUFFIX = "_next"
+#: Suffix of a legacy index swapped out, until its pages are freed in short steps.
+RETIRED_SUFFIX = "_retired"
+
+
+def staged_sql(sql: str, name: str) -> str:
+    """A declaration or trigger of index `name`, for the index built beside it.
+
+    The table, its trigger names and its backfill keys get STAGED_SUFFIX:
+    ``messages_fts_insert`` -> ``messages_fts_next_insert``,
+    ``'messages_fts.backfill_high_water'`` -> ``'messages_fts_next.backfill_high_water'``.
+    """
+    return re.sub(rf"\b{name}(?=(?:_insert|_delete|_update)?\b)", name + STAGED_SUFFIX, sql)
+
+
+STAGED_TABLES = {name: staged_sql(sql, name) for name, sql in EXTERNAL_TABLES.items()}
+STAGED_TRIGGERS = {
+    name: tuple(staged_sql(sql, name) for sql in ddl) for name, ddl in EXTERNAL_TRIGGERS.items()
+}
+STAGED_TRIGGER_NAMES = {
+    name: tuple(staged_sql(trigger, name) for trigger in triggers)
+    for name, triggers in TRIGGER_NAMES.items()
+}
+
+
+def legacy_triggers(name: str, display_triggers: bool) -> tuple[str, ...]:
+    """The inline-layout triggers the application gives index `name`.
+
+    From the application's schema 30 on (its display triggers exist) the update trigger is
+    its narrow one: its display triggers update the row just inserted.
+    """
+    triggers = LEGACY_TRIGGERS[name]
+    if display_triggers:
+        narrow = NARROW_UPDATE_TRIGGER.format(name=f"{name}_update", index=name)
+        triggers = (*triggers[:2], narrow)
+    return triggers
+
+
 #: This project's record of the search layout, apart from the application's `schema_version`
 #: (which this revision never changes) and its own `fts_storage_version`.
 LAYOUT_MARKER = "hermes_store.fts_layout"
@@ -467,8 +515,40 @@ def _rebuild_external(name: str, deferred: bool) -> str:
     return "built from the view"
 
 
+def _drop_staged(name: str) -> None:
+    """Drop the index built beside `name` (and its triggers) and a retired one, if any."""
+    for trigger in STAGED_TRIGGER_NAMES[name]:
+        op.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+    op.execute(f"DROP TABLE IF EXISTS {name}{STAGED_SUFFIX}")
+    op.execute(f"DROP TABLE IF EXISTS {name}{RETIRED_SUFFIX}")
+
+
+def _stage_external(name: str, high_water: int) -> str:
+    """Keep the legacy index serving; build the external one beside it, deferred."""
+    staged = name + STAGED_SUFFIX
+    _drop_staged(name)
+    op.execute(STAGED_TABLES[name])
+    op.execute(f"INSERT INTO {staged}({staged}, rank) VALUES ('automerge', 0)")
+    _bind().execute(
+        sa.text("INSERT OR REPLACE INTO state_meta (key, value) VALUES (:key, :value)"),
+        [
+            {"key": f"{staged}.backfill_high_water", "value": str(high_water)},
+            {"key": f"{staged}.backfill_indexed_upto", "value": "0"},
+        ],
+    )
+    # The legacy triggers as the application's version defines them keep the legacy index
+    # current (a missing one may be why it drifted); the staged ones feed the new index.
+    for ddl in (*legacy_triggers(name, _has_display_triggers()), *STAGED_TRIGGERS[name]):
+        op.execute(ddl)
+    return (
+        f"kept serving the application while {staged} is built beside it (ids 1..{high_water},"
+        " by `hermes-store optimize-storage`, which swaps it in when complete)"
+    )
+
+
 def _convert(name: str, forced_rebuild: bool, deferred: bool) -> None:
     layout = _layout(name)
+    _drop_staged(name)
     _drop_triggers(name)
     if layout == "external":
         log.info("%s: already external content, left as it is", name)
@@ -482,6 +562,11 @@ def _convert(name: str, forced_rebuild: bool, deferred: bool) -> None:
             if why is None:
                 log.info("%s: converted in place (legacy index verified exact)", name)
         if why is not None:
+            high_water = int(_scalar("SELECT coalesce(max(id), 0) FROM messages") or 0)
+            if deferred and high_water:
+                done = _stage_external(name, high_water)
+                log.info("%s (legacy, must be rebuilt because %s): %s", name, why, done)
+                return
             done = _rebuild_external(name, deferred)
             log.info("%s: re-created as external content and %s, because %s", name, done, why)
     for ddl in EXTERNAL_TRIGGERS[name]:
@@ -563,6 +648,7 @@ def _ids_match(name: str) -> bool:
 
 
 def _revert(name: str) -> None:
+    _drop_staged(name)
     _drop_triggers(name)
     if _layout(name) == "external":
         bind = _bind()
@@ -581,12 +667,7 @@ def _revert(name: str) -> None:
             op.execute(INLINE_TABLES[name])
             op.execute(f"INSERT INTO {name}(rowid, content) SELECT id, content FROM {VIEW}")
             log.info("%s: re-indexed as inline because %s", name, exc)
-    triggers = LEGACY_TRIGGERS[name]
-    if _has_display_triggers():
-        # From the application's schema 30 on, the inline update triggers are its narrow
-        # ones: its display triggers update the row just inserted.
-        triggers = (*triggers[:2], NARROW_UPDATE_TRIGGER.format(name=f"{name}_update", index=name))
-    for ddl in triggers:
+    for ddl in legacy_triggers(name, _has_display_triggers()):
         op.execute(ddl)
 
 
@@ -599,6 +680,8 @@ def downgrade() -> None:
         for name in (WORD, TRIGRAM):
             if _layout(name) != "missing":
                 _revert(name)
+            else:
+                _drop_staged(name)
     op.execute("DELETE FROM state_meta WHERE key LIKE 'messages_fts%.backfill_%'")
     op.execute(f"DROP VIEW IF EXISTS {VIEW}")
     _set_marker(None)
