@@ -18,6 +18,7 @@ index serving, complete.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
@@ -31,6 +32,7 @@ from hermes_store.engine import BEGIN_OPTION
 from hermes_store.fts import (
     INDEXES,
     SOURCE_VIEW,
+    begin_writing,
     logical_index,
     present_indexes,
     retired_indexes,
@@ -359,6 +361,23 @@ def retire_step(conn: Connection, retired: str, rows: int) -> int:
     Deleting rows frees their pages a bounded number at a time, so no step holds the write
     lock for long; the final DROP TABLE then only has the empty tables to free.
     """
+    declaration = conn.execute(
+        text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :t"), {"t": retired}
+    ).scalar()
+    if declaration is not None and not str(declaration).upper().startswith("CREATE VIRTUAL"):
+        # A text copy set aside by an in-place conversion: a plain rowid table.
+        deleted = int(
+            conn.exec_driver_sql(
+                f"DELETE FROM {retired} WHERE rowid IN "
+                f"(SELECT rowid FROM {retired} LIMIT {int(rows)})"
+            ).rowcount
+            or 0
+        )
+        if deleted < rows:
+            conn.exec_driver_sql(f"DROP TABLE {retired}")
+            log.info("backfill: the set-aside copy %s is dropped", retired)
+            deleted += 1
+        return deleted
     deleted = 0
     shadows = {
         "_data": f"id > {_RESERVED_DATA_ROWS}",
@@ -388,6 +407,37 @@ def retire_step(conn: Connection, retired: str, rows: int) -> int:
         log.info("backfill: the retired index %s is dropped", retired)
         deleted += 1
     return deleted
+
+
+def drop_retired(
+    conn: Connection,
+    *,
+    max_lock_ms: float = DEFAULT_MAX_LOCK_MS,
+    duty: float = DEFAULT_DUTY,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[float]:
+    """Free the pages of every retired index and set-aside copy in short write transactions.
+
+    Each step deletes a number of rows sized to hold the write lock for about half of
+    `max_lock_ms` (see :func:`next_size`), then pauses so that the agent's writes get in.
+    Safe to interrupt: each step is one transaction, and the next run goes on. Returns how
+    long each step held the lock, in seconds.
+    """
+    locks: list[float] = []
+    with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
+        names = retired_indexes(conn)
+    for name in names:
+        rows = FIRST_RETIRE_ROWS
+        while True:
+            with begin_writing(conn):
+                started = time.perf_counter()
+                deleted = retire_step(conn, name, rows)
+            locks.append(time.perf_counter() - started)
+            if deleted < rows:
+                break
+            rows = next_size(rows, locks[-1] * 1000, max_lock_ms, MAX_RETIRE_ROWS)
+            sleep(locks[-1] * (1 - duty) / duty)
+    return locks
 
 
 def _merge_step(conn: Connection, index: str, pages: int) -> int:

@@ -138,7 +138,7 @@ def retired_name(index: str) -> str:
 def logical_index(table: str) -> str:
     """The index a staged or retired table stands for (the name itself otherwise)."""
     for index in INDEXES:
-        if table in (staged_name(index), retired_name(index)):
+        if table in (staged_name(index), retired_name(index), retired_copy_name(index)):
             return index
     return table
 
@@ -159,9 +159,16 @@ def staged_indexes(conn: Connection) -> dict[str, str]:
     return {staged[name]: name for name in sorted(_tables_named(conn, staged))}
 
 
+def retired_copy_name(index: str) -> str:
+    """The name an in-place conversion gives the text copy it sets aside."""
+    return index + str(fts_head().RETIRED_COPY_SUFFIX)
+
+
 def retired_indexes(conn: Connection) -> list[str]:
-    """Swapped-out legacy indexes whose pages are not freed yet."""
-    return sorted(_tables_named(conn, [retired_name(index) for index in INDEXES]))
+    """Swapped-out legacy indexes, and text copies set aside by an in-place conversion,
+    whose pages are not freed yet (dropped in short steps by the backfill and optimize)."""
+    names = [name(index) for index in INDEXES for name in (retired_name, retired_copy_name)]
+    return sorted(_tables_named(conn, names))
 
 
 @dataclass

@@ -185,9 +185,9 @@ def optimize(
             names = [name for name in present_indexes(conn) if name not in staged_indexes(conn)]
             retired = retired_indexes(conn)
             conn.rollback()
-            for name in retired:
-                say(f"dropping the retired index {name}")
-                _retire(conn, name, locks, whole=bool(vacuum))
+            if retired:  # set aside by a conversion or a swap; dropped before the merges
+                say(f"dropping {', '.join(retired)}")
+                _drop_retired(conn, retired, locks, whole=bool(vacuum))
             for name in names:
                 say(f"merging {name}")
                 if vacuum:
@@ -266,21 +266,15 @@ def _merge_in_steps(conn: Connection, name: str, locks: list[float]) -> None:
         time.sleep(locks[-1] * STEP_PAUSE)
 
 
-def _retire(conn: Connection, name: str, locks: list[float], *, whole: bool) -> None:
-    """Drop a swapped-out legacy index: at once (``whole``, the full optimize holds the lock
-    anyway), or in bounded steps with pauses between, as the backfill does."""
-    rows = backfill.FIRST_RETIRE_ROWS
-    while True:
+def _drop_retired(conn: Connection, names: list[str], locks: list[float], *, whole: bool) -> None:
+    """Drop swapped-out legacy indexes and set-aside copies: at once (``whole``: the full
+    optimize holds the lock anyway), or in bounded steps with pauses, as the backfill does."""
+    if not whole:
+        locks.extend(backfill.drop_retired(conn, duty=1 / (1 + STEP_PAUSE)))
+        return
+    for name in names:
         with _writing(conn, locks):
-            if whole:
-                conn.exec_driver_sql(f"DROP TABLE {name}")
-                return
-            deleted = backfill.retire_step(conn, name, rows)
-        if deleted < rows:
-            return
-        # Size the next step like the merges: about 50 ms of lock, growing at most 1.5x.
-        rows = backfill.next_size(rows, locks[-1] * 1000, 100.0, backfill.MAX_RETIRE_ROWS)
-        time.sleep(locks[-1] * STEP_PAUSE)
+            conn.exec_driver_sql(f"DROP TABLE {name}")
 
 
 def _vacuum_in_steps(driver: sqlite3.Connection, locks: list[float], say: Progress) -> int:

@@ -9,6 +9,7 @@ import logging
 import os
 import sqlite3
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from alembic.operations import Operations
 from alembic.runtime.environment import EnvironmentContext
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
@@ -54,6 +55,7 @@ from hermes_store.revisions import (
     FIRST_APP_VERSION,
     FTS_EXTERNAL_REVISION,
     LAST_APP_VERSION,
+    fts_conversion,
     fts_head_revision,
     head_revision,
     require_script_location,
@@ -446,6 +448,9 @@ class UpgradeResult:
     pending_backfill: tuple[str, ...] = ()
     #: Search objects restored and indexes rebuilt because they were damaged -> why.
     healed: dict[str, str] = field(default_factory=dict)
+    #: The longest write transaction of the revisions and the steps after them, in seconds:
+    #: how long the agent could not write at most.
+    longest_write_lock_s: float = 0.0
 
     @property
     def from_revision(self) -> str | None:
@@ -473,6 +478,7 @@ class UpgradeResult:
             "restamped": self.restamped,
             "pending_backfill": list(self.pending_backfill),
             "healed": self.healed,
+            "longest_write_lock_s": self.longest_write_lock_s,
         }
 
 
@@ -667,12 +673,22 @@ def upgrade(
     ):
         _, schema_before, layout_before = _facts(conn)
         cfg = alembic_config(resolved, connection=conn, x=x_args)
-        for target in targets:
+        converting = x_args.get("fts_convert") != "rebuild" and any(
+            target in ("head", "heads", fts_head_revision()) for target in targets
+        )
+        locks: list[float] = [0.0]
+        with _change_log_removed_on_failure(conn), _timed_transactions(conn, locks):
+            if converting:
+                verify_ahead(conn)
+            for target in targets:
+                _settle(conn)
+                command.upgrade(cfg, target)
             _settle(conn)
-            command.upgrade(cfg, target)
-        _settle(conn)
-        with _transaction(conn):
-            healed = _heal_search(conn)
+            with _transaction(conn):
+                healed = _heal_search(conn)
+            # The copies an in-place conversion set aside, freed in short steps (not in its
+            # lock; a kill here leaves them to the next upgrade, optimize or optimize-storage).
+            backfill.drop_retired(conn)
         after, schema_after, layout_after = _facts(conn)
         with _transaction(conn):
             pending = tuple(item.index for item in backfill.pending(conn))
@@ -690,7 +706,31 @@ def upgrade(
         restamped=prepared.restamped,
         pending_backfill=pending,
         healed=healed,
+        longest_write_lock_s=round(max(locks), 3),
     )
+
+
+@contextlib.contextmanager
+def _timed_transactions(conn: Connection, durations: list[float]) -> Iterator[None]:
+    """Append the duration of every transaction on ``conn`` (each a writer from its BEGIN
+    IMMEDIATE: the time it held the write lock, or waited for it) to ``durations``."""
+    began: list[float] = []
+
+    def begin(_conn: Connection) -> None:
+        began.append(time.perf_counter())
+
+    def end(_conn: Connection) -> None:
+        if began:
+            durations.append(time.perf_counter() - began.pop())
+
+    hooks = {"begin": begin, "commit": end, "rollback": end}
+    for name, hook in hooks.items():
+        event.listen(conn, name, hook)
+    try:
+        yield
+    finally:
+        for name, hook in hooks.items():
+            event.remove(conn, name, hook)
 
 
 @contextlib.contextmanager
@@ -726,6 +766,63 @@ def _writer(
             yield conn, state, prepared
     finally:
         engine.dispose()
+
+
+def verify_ahead(conn: Connection) -> dict[str, str]:
+    """Verify a store's inline indexes under a read snapshot, before the conversion's lock.
+
+    The conversion reuses an inline index in place only when every row of its copy equals
+    its message: a scan of the whole store. Done inside the upgrade's write transaction it
+    would keep the agent from writing for that long. Here it runs in three steps: a short
+    write transaction installs the FTS revision's change log (triggers on `messages`), a
+    read transaction verifies (the agent keeps writing; each message it writes, edits or
+    deletes leaves its id in the log), and a short write records the verdicts. In its write
+    transaction the revision then re-checks only the logged ids. Returns index -> verdict
+    ('exact' or why not); {} when there is nothing to convert.
+    """
+    module = fts_conversion()
+    with _transaction(conn):
+        heads = MigrationContext.configure(conn).get_current_heads()
+        inline = [index for index in fts.INDEXES if fts.index_layout(conn, index) == "inline"]
+        if FTS_EXTERNAL_REVISION in heads or not inline or fts.is_application_layout(conn):
+            return {}
+        module.start_change_log(conn)
+    verdicts: dict[str, str] = {}
+    with conn.engine.connect() as reader, reader.begin():  # a snapshot; no lock is held
+        for index in inline:
+            verdicts[index] = module.verify_inline(reader, index) or module.EXACT
+    with _transaction(conn):
+        for index, verdict in verdicts.items():
+            conn.execute(
+                text("INSERT OR REPLACE INTO state_meta (key, value) VALUES (:key, :value)"),
+                {"key": module.VERIFIED_KEY.format(name=index), "value": verdict},
+            )
+    log.info(
+        "search indexes verified under a read snapshot: %s",
+        ", ".join(f"{index} {verdict}" for index, verdict in verdicts.items()),
+    )
+    return verdicts
+
+
+@contextlib.contextmanager
+def _change_log_removed_on_failure(conn: Connection) -> Iterator[None]:
+    """An upgrade that fails leaves no change log behind (its triggers would go on
+    logging every write of the agent); the conversion itself removes it when it runs."""
+    try:
+        yield
+    except BaseException:
+        try:
+            if conn.in_transaction():
+                conn.rollback()
+            with conn.begin():
+                if conn.execute(
+                    text("SELECT 1 FROM sqlite_master WHERE name = :log"),
+                    {"log": fts_conversion().CHANGE_LOG},
+                ).first():
+                    fts_conversion().drop_change_log(conn)
+        except Exception:  # the original error is the one to report
+            log.debug("upgrade: the change log could not be removed", exc_info=True)
+        raise
 
 
 def _heal_search(conn: Connection) -> dict[str, str]:
@@ -935,7 +1032,14 @@ def run_env(
         check_backup_target(x[BACKUP_X], path, overwrite=overwrite)
     if destination is None and x.get(DELETE_DATA_X, "").lower() not in ("1", "true", "yes"):
         _refuse_deleting_data(path, f"`alembic -x {DELETE_DATA_X}=true downgrade base`")
-    with _writer(resolved, app_version, x.get(BACKUP_X) or None, overwrite) as (conn, _, _):
+    with (
+        _writer(resolved, app_version, x.get(BACKUP_X) or None, overwrite) as (conn, _, _),
+        _change_log_removed_on_failure(conn),
+    ):
+        if destination in (head_revision(), fts_head_revision()) and x.get("fts_convert") != (
+            "rebuild"
+        ):
+            verify_ahead(conn)
         run(conn, **overrides)
 
 

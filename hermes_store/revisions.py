@@ -84,3 +84,11 @@ def fts_head() -> ModuleType:
     script = script_directory().get_revision(fts_head_revision())
     assert script is not None
     return script.module
+
+
+@functools.cache
+def fts_conversion() -> ModuleType:
+    """The module of the FTS branch's conversion revision (its verification helpers)."""
+    script = script_directory().get_revision(FTS_EXTERNAL_REVISION)
+    assert script is not None
+    return script.module

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from hermes_store.fts import INDEXES, layout, retired_name, staged_name
+from hermes_store.fts import INDEXES, layout, retired_copy_name, retired_name, staged_name
 
 MESSAGE_DATA = "message data"
 FTS_INDEX = "FTS index data"
@@ -58,7 +58,7 @@ def classify(owner: str) -> str:
     """The group of an object, from the table that owns it (an index's table, or itself)."""
     # An index being rebuilt beside a legacy one, and a swapped-out legacy index, count too.
     for index in (*INDEXES, *map(staged_name, INDEXES), *map(retired_name, INDEXES)):
-        if owner == f"{index}_content":
+        if owner in (f"{index}_content", retired_copy_name(index)):
             return FTS_COPIES
         if owner in (index, *(index + suffix for suffix in _FTS_SHADOWS)):
             return FTS_INDEX

@@ -296,6 +296,9 @@ INDEXED_EXPRESSION = (
 STAGED_SUFFIX = "_next"
 #: Suffix of a legacy index swapped out, until its pages are freed in short steps.
 RETIRED_SUFFIX = "_retired"
+#: Name suffix of the text copy an in-place conversion sets aside (`<fts>_content` before),
+#: until its pages are freed in short steps.
+RETIRED_COPY_SUFFIX = "_content_retired"
 
 
 def staged_sql(sql: str, name: str) -> str:
@@ -431,28 +434,120 @@ def _drop_triggers(name: str) -> None:
         op.execute(f"DROP TRIGGER IF EXISTS {trigger}")
 
 
-def _verify_inline(name: str) -> str | None:
-    """Why the inline index of `name` cannot be reused as is, or None when it can."""
-    if _declaration(f"{name}_content") is None:
+def verify_inline(conn: sa.Connection, name: str) -> str | None:
+    """Why the inline index of `name` cannot be reused as is, or None when it can.
+
+    Reads every row of its copy: O(messages). `hermes_store.migrate` runs it under a read
+    snapshot before the upgrade takes the write lock (see CHANGE_LOG); this revision runs
+    it in its own transaction when that was not done.
+    """
+    found = conn.execute(
+        sa.text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :name"),
+        {"name": f"{name}_content"},
+    ).first()
+    if found is None:
         return "its content copy is missing"
-    messages = int(_scalar("SELECT count(*) FROM messages") or 0)
-    copies = int(_scalar(f"SELECT count(*) FROM {name}_content") or 0)
-    docs = int(_scalar(f"SELECT count(*) FROM {name}_docsize") or 0)
+    messages = int(conn.exec_driver_sql("SELECT count(*) FROM messages").scalar() or 0)
+    copies = int(conn.exec_driver_sql(f"SELECT count(*) FROM {name}_content").scalar() or 0)
+    docs = int(conn.exec_driver_sql(f"SELECT count(*) FROM {name}_docsize").scalar() or 0)
     if not messages == copies == docs:
         return f"it holds {copies} rows ({docs} sized) for {messages} messages"
-    matched, differing = (
-        _bind()
-        .exec_driver_sql(
-            f"SELECT count(*), coalesce(sum(c.c0 IS NOT {INDEXED_EXPRESSION}), 0) "
-            f"FROM {name}_content AS c JOIN messages AS m ON m.id = c.id"
-        )
-        .one()
-    )
+    matched, differing = conn.exec_driver_sql(
+        f"SELECT count(*), coalesce(sum(c.c0 IS NOT {INDEXED_EXPRESSION}), 0) "
+        f"FROM {name}_content AS c JOIN messages AS m ON m.id = c.id"
+    ).one()
     if matched != messages:
         return f"{messages - int(matched)} message ids are not in it"
     if differing:
         return f"{int(differing)} rows differ from their messages"
     return None
+
+
+# -- verification ahead of the write lock ---------------------------------------------------
+# `hermes_store.migrate` verifies the legacy indexes under a read snapshot while the agent
+# keeps writing: it first installs CHANGE_LOG and its triggers (one short write), then reads,
+# then records each verdict under VERIFIED_KEY. Every message written, edited or deleted
+# after the log exists leaves its id there (the legacy FTS triggers change the index in the
+# same transactions). In the write lock this revision then re-checks only the logged ids.
+CHANGE_LOG = "hermes_store_conversion_changes"
+CHANGE_TRIGGERS = (
+    f"CREATE TRIGGER {CHANGE_LOG}_insert AFTER INSERT ON messages BEGIN "
+    f"INSERT OR IGNORE INTO {CHANGE_LOG}(id) VALUES (new.id); END",
+    f"CREATE TRIGGER {CHANGE_LOG}_update AFTER UPDATE ON messages BEGIN "
+    f"INSERT OR IGNORE INTO {CHANGE_LOG}(id) VALUES (old.id); "
+    f"INSERT OR IGNORE INTO {CHANGE_LOG}(id) VALUES (new.id); END",
+    f"CREATE TRIGGER {CHANGE_LOG}_delete AFTER DELETE ON messages BEGIN "
+    f"INSERT OR IGNORE INTO {CHANGE_LOG}(id) VALUES (old.id); END",
+)
+#: state_meta key of an index's verdict ('exact', or why not) read under the snapshot.
+VERIFIED_KEY = "hermes_store.conversion_verified.{name}"
+EXACT = "exact"
+
+
+def start_change_log(conn: sa.Connection) -> None:
+    """Install the change log and its triggers afresh (in the caller's write transaction)."""
+    drop_change_log(conn)
+    conn.exec_driver_sql(f"CREATE TABLE {CHANGE_LOG} (id INTEGER PRIMARY KEY)")
+    for ddl in CHANGE_TRIGGERS:
+        conn.exec_driver_sql(ddl)
+
+
+def drop_change_log(conn: sa.Connection) -> None:
+    """Remove the change log, its triggers and the recorded verdicts."""
+    for ddl in CHANGE_TRIGGERS:
+        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {ddl.split()[2]}")
+    conn.exec_driver_sql(f"DROP TABLE IF EXISTS {CHANGE_LOG}")
+    conn.execute(
+        sa.text("DELETE FROM state_meta WHERE key LIKE :keys"),
+        {"keys": VERIFIED_KEY.format(name="%")},
+    )
+
+
+def _change_log_intact(conn: sa.Connection) -> bool:
+    """The log and its three triggers exist exactly as `start_change_log` made them."""
+    names = [ddl.split()[2] for ddl in (f"CREATE TABLE {CHANGE_LOG} x", *CHANGE_TRIGGERS)]
+    found = {
+        str(name): " ".join(str(sql).split())
+        for name, sql in conn.execute(
+            sa.text("SELECT name, sql FROM sqlite_master WHERE name IN :names").bindparams(
+                sa.bindparam("names", expanding=True)
+            ),
+            {"names": names},
+        )
+    }
+    triggers = {ddl.split()[2]: ddl for ddl in CHANGE_TRIGGERS}
+    return CHANGE_LOG in found and all(found.get(n) == sql for n, sql in triggers.items())
+
+
+def verify_changes(conn: sa.Connection, name: str) -> str | None:
+    """Re-check, against the messages, the index rows of every id in the change log."""
+    (differing,) = conn.exec_driver_sql(
+        f"SELECT count(*) FROM {CHANGE_LOG} AS l "
+        f"LEFT JOIN messages AS m ON m.id = l.id "
+        f"LEFT JOIN {name}_content AS c ON c.id = l.id "
+        f"LEFT JOIN {name}_docsize AS d ON d.id = l.id "
+        "WHERE NOT ((m.id IS NULL AND c.id IS NULL AND d.id IS NULL) OR "
+        f"(m.id IS NOT NULL AND c.id IS NOT NULL AND d.id IS NOT NULL "
+        f"AND c.c0 IS {INDEXED_EXPRESSION}))"
+    ).one()
+    if differing:
+        return f"{int(differing)} messages changed since its verification differ from it"
+    return None
+
+
+def _verify_inline(name: str) -> str | None:
+    """The verdict recorded under a read snapshot, completed for the rows changed since;
+    or, without one (or with the log tampered with), a full verification here."""
+    bind = _bind()
+    recorded = bind.execute(
+        sa.text("SELECT value FROM state_meta WHERE key = :key"),
+        {"key": VERIFIED_KEY.format(name=name)},
+    ).scalar()
+    if recorded is None or not _change_log_intact(bind):
+        return verify_inline(bind, name)
+    if recorded != EXACT:
+        return str(recorded)
+    return verify_changes(bind, name)
 
 
 def _bump_schema_cookie() -> None:
@@ -482,7 +577,10 @@ def _convert_in_place(name: str) -> str | None:
     savepoint = bind.begin_nested()
     try:
         _rewrite_declaration(name, EXTERNAL_TABLES[name])
-        op.execute(f"DROP TABLE {name}_content")
+        # Set aside, not dropped: freeing its pages here would hold the lock for a time
+        # that grows with the store. `optimize` / `optimize-storage` drop it in short steps.
+        op.execute(f"DROP TABLE IF EXISTS {name}{RETIRED_COPY_SUFFIX}")
+        op.execute(f"ALTER TABLE {name}_content RENAME TO {name}{RETIRED_COPY_SUFFIX}")
     except (SchemaEditRefused, sa.exc.OperationalError) as exc:
         savepoint.rollback()
         return f"this SQLite refuses schema edits ({exc})"
@@ -521,6 +619,7 @@ def _drop_staged(name: str) -> None:
         op.execute(f"DROP TRIGGER IF EXISTS {trigger}")
     op.execute(f"DROP TABLE IF EXISTS {name}{STAGED_SUFFIX}")
     op.execute(f"DROP TABLE IF EXISTS {name}{RETIRED_SUFFIX}")
+    op.execute(f"DROP TABLE IF EXISTS {name}{RETIRED_COPY_SUFFIX}")
 
 
 def _stage_external(name: str, high_water: int) -> str:
@@ -587,6 +686,7 @@ def upgrade() -> None:
             APPLICATION_VIEW,
         )
         _set_marker(LAYOUT_APPLICATION)
+        drop_change_log(_bind())
         return
     op.execute(f"DROP VIEW IF EXISTS {VIEW}")
     op.execute(MESSAGES_FTS_SOURCE_VIEW)
@@ -604,6 +704,7 @@ def upgrade() -> None:
             _convert(TRIGRAM, mode == "rebuild", deferred)
         else:
             log.warning("this SQLite has no trigram tokenizer: CJK search will use LIKE scans")
+    drop_change_log(_bind())
     _set_marker(LAYOUT_EXTERNAL)
 
 

@@ -1,0 +1,223 @@
+"""The in-place conversion's write lock does not grow with the store.
+
+The legacy indexes are verified under a read snapshot before the upgrade takes the write
+lock, while the application keeps writing: a change log (triggers on `messages`) records
+every id written since, and the conversion's own transaction re-checks only those. The two
+text copies are set aside (renamed) in that transaction and freed afterwards in short
+steps, which a kill -9 interrupts harmlessly: the next upgrade, `optimize` or
+`optimize-storage` goes on, and search is exact all along.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from legacy.build import build_legacy_store
+from migration_support import clone, migration_log
+
+from hermes_store import corpus, fts, migrate
+from hermes_store.cli import main
+from hermes_store.engine import create_store_engine
+from hermes_store.revisions import fts_conversion
+from hermes_store.search import search_messages
+
+WORD, TRIGRAM = fts.INDEXES
+CHANGE_LOG = "hermes_store_conversion_changes"
+
+
+def sql(path: Path, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """One statement with plain sqlite3, committed (as the legacy application writes)."""
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn, conn:
+        return conn.execute(statement, params).fetchall()
+
+
+def names(path: Path) -> set[str]:
+    return {row[0] for row in sql(path, "SELECT name FROM sqlite_master")}
+
+
+def fts_checks(path: Path) -> dict[str, str | None]:
+    """FTS5 'integrity-check' with rank 1 (index versus the view) of both indexes."""
+    engine = create_store_engine(path, create=False)
+    try:
+        with engine.connect() as conn:
+            return {index: fts.check_index(conn, index) for index in fts.INDEXES}
+    finally:
+        engine.dispose()
+
+
+def hits(path: Path, query: str) -> list[int]:
+    engine = create_store_engine(path, create=False)
+    try:
+        with engine.connect() as conn:
+            found = search_messages(conn, query, limit=100_000, include_inactive=True)
+            return sorted(hit["id"] for hit in found)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("conversion-lock") / "legacy.db"
+    build_legacy_store(path, 21)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        corpus.populate(conn, corpus.generate(2000, 11))
+    return path
+
+
+@pytest.fixture
+def store(template: Path, tmp_path: Path) -> Path:
+    path = clone(template, tmp_path / "state.db")
+    sql(path, "PRAGMA journal_mode=WAL")
+    return path
+
+
+def test_the_conversion_sets_the_copies_aside_and_the_upgrade_frees_them(store: Path) -> None:
+    result = migrate.upgrade(str(store))
+    assert result.layout_after == "external"
+    gone = {
+        f"{index}{suffix}" for index in fts.INDEXES for suffix in ("_content", "_content_retired")
+    }
+    assert not gone & names(store)
+    assert CHANGE_LOG not in names(store)
+    assert not [n for n in names(store) if n.startswith(CHANGE_LOG)]  # nor its triggers
+    assert not sql(store, "SELECT key FROM state_meta WHERE key LIKE 'hermes_store.conversion%'")
+    assert fts_checks(store) == {WORD: None, TRIGRAM: None}
+    assert 0 < result.longest_write_lock_s < 5  # measured and reported, in seconds
+
+
+def test_writes_after_the_snapshot_are_rechecked_in_the_lock(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the verification and the conversion the application appends and edits a
+    message (found in place), then writes one while its update trigger is missing: that
+    drift appears after the snapshot and must send the index down the rebuild path."""
+    real = migrate.verify_ahead
+    appended: list[int] = []
+
+    def verify_then_write(conn: Any) -> dict[str, str]:
+        verdicts = real(conn)
+        assert verdicts == {WORD: "exact", TRIGRAM: "exact"}
+        if conn.in_transaction():
+            conn.commit()
+        sql(store, "UPDATE messages SET content = 'zqxedited words' WHERE id = 5")
+        session = sql(store, "SELECT session_id FROM messages WHERE id = 5")[0][0]
+        cursor = sql(
+            store,
+            "INSERT INTO messages (session_id, role, content, timestamp) "
+            "VALUES (?, 'user', 'zqxappended', 9e9) RETURNING id",
+            (session,),
+        )
+        appended.append(cursor[0][0])
+        sql(store, "DROP TRIGGER messages_fts_update")  # the word index misses this edit
+        sql(store, "UPDATE messages SET content = 'zqxdrifted' WHERE id = 7")
+        return verdicts
+
+    monkeypatch.setattr(migrate, "verify_ahead", verify_then_write)
+    with migration_log() as messages:
+        migrate.upgrade(str(store))
+    word = next(m for m in messages if m.startswith(f"{WORD}: "))
+    trigram = next(m for m in messages if m.startswith(f"{TRIGRAM}: "))
+    assert "changed since its verification" in word, word
+    assert "converted in place" in trigram, trigram
+    assert fts_checks(store) == {WORD: None, TRIGRAM: None}
+    assert hits(store, "zqxedited") == [5]
+    assert hits(store, "zqxappended") == appended
+    assert hits(store, "zqxdrifted") == [7]
+
+
+def test_a_verdict_without_its_change_log_is_not_trusted(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verdict left behind without the log that makes it safe: full verification."""
+    module = fts_conversion()
+    monkeypatch.setattr(migrate, "verify_ahead", lambda _conn: {})
+    sql(
+        store,
+        "INSERT INTO state_meta (key, value) VALUES (?, 'exact')",
+        (module.VERIFIED_KEY.format(name=WORD),),
+    )
+    sql(store, f"DELETE FROM {WORD} WHERE rowid = 3")  # drifted, and nothing logged it
+    with migration_log() as messages:
+        migrate.upgrade(str(store))
+    word = next(m for m in messages if m.startswith(f"{WORD}: "))
+    assert "re-created as external content" in word, word
+    assert fts_checks(store) == {WORD: None, TRIGRAM: None}
+
+
+def test_a_failed_upgrade_leaves_no_change_log(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(*_args: Any, **_kwargs: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(migrate.command, "upgrade", fail)
+    with pytest.raises(RuntimeError, match="boom"):
+        migrate.upgrade(str(store))
+    assert not [n for n in names(store) if n.startswith(CHANGE_LOG)]
+
+
+#: Upgrades the store and kills itself (SIGKILL) inside the N-th step that frees the copies.
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from hermes_store import backfill, migrate
+
+    db, at = sys.argv[1], int(sys.argv[2])
+    real = backfill.retire_step
+    steps = []
+
+    def step(conn, name, rows):
+        steps.append(name)
+        if len(steps) == at:
+            conn.exec_driver_sql(f"DELETE FROM {name} WHERE rowid IN "
+                                 f"(SELECT rowid FROM {name} LIMIT 1)")
+            os.kill(os.getpid(), signal.SIGKILL)  # inside the step's transaction
+        return real(conn, name, rows)
+
+    backfill.retire_step = step
+    migrate.upgrade(db)
+    sys.exit(3)
+    """
+)
+
+
+@pytest.mark.slow
+def test_kill_9_while_the_copies_are_freed_then_resume(store: Path, tmp_path: Path) -> None:
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    expected = {query: hits_of_legacy(store, query) for query in ("error", "数据库", "python")}
+    rows = sql(store, "SELECT count(*) FROM messages")[0][0]
+    for at in (1, 3, 6):  # the first step, a middle one, a late one
+        process = subprocess.run(
+            [sys.executable, str(script), str(store), str(at)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert process.returncode == -signal.SIGKILL, (at, process.returncode, process.stderr)
+        assert sql(store, "PRAGMA integrity_check") == [("ok",)]
+        assert any(n.endswith("_content_retired") for n in names(store)), at
+        assert fts_checks(store) == {WORD: None, TRIGRAM: None}
+        for query, ids in expected.items():  # exact all along
+            assert hits(store, query) == ids, (at, query)
+    result = CliRunner().invoke(main, ["optimize", "--db", str(store), "--no-vacuum"])
+    assert result.exit_code == 0, result.output
+    assert not [n for n in names(store) if n.endswith("_retired")]
+    assert sql(store, "SELECT count(*) FROM messages")[0][0] == rows
+    assert fts_checks(store) == {WORD: None, TRIGRAM: None}
+
+
+def hits_of_legacy(path: Path, query: str) -> list[int]:
+    """What a legacy inline store answers (before the upgrade), as search_messages does."""
+    copy = clone(path, path.with_name(f"reference-{abs(hash(query))}.db"))
+    migrate.upgrade(str(copy), x={"fts_convert": "rebuild"})
+    return hits(copy, query)
