@@ -305,6 +305,23 @@ def immutable(path: Path) -> Iterator[Path]:
         subprocess.run(["chattr", "-i", str(path)], check=False, capture_output=True)
 
 
+@contextlib.contextmanager
+def sqlite_temp_directory(directory: Path) -> Iterator[Path]:
+    """SQLite's temporary files (savepoint journals, sorts, VACUUM's copy) go to
+    ``directory`` in this process for the block.
+
+    `PRAGMA temp_store_directory` sets it process-wide, as SQLITE_TMPDIR does for a process
+    that starts with it (SQLite reads the variable once, at start).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        conn.execute(f"PRAGMA temp_store_directory = '{directory}'")
+        try:
+            yield directory
+        finally:
+            conn.execute("PRAGMA temp_store_directory = ''")
+
+
 def leave_free(directory: Path, free_bytes: int) -> Path:
     """Fill a file system with one file until about ``free_bytes`` are left."""
     filler = directory / "filler"
