@@ -38,9 +38,11 @@ from hermes_store.engine import (
     resolve_url,
     side_files,
     sqlite_errors,
+    translate_error,
     writable_problem,
 )
 from hermes_store.errors import (
+    DiskFull,
     NotADatabase,
     SchemaTooNew,
     SchemaTooOld,
@@ -155,6 +157,9 @@ def inspect_file(path: Path | None, script: ScriptDirectory | None = None) -> St
                 row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
             )
         except sqlite3.DatabaseError as exc:
+            translated = translate_error(exc, path)
+            if isinstance(translated, DiskFull):  # no room for the -shm a WAL store needs
+                raise translated from exc
             problem = writable_problem(path) if "unable to open" in str(exc) else None
             if problem is not None:
                 raise StoreReadOnly(
