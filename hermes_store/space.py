@@ -3,7 +3,8 @@
 A command that knows in advance how much it will write checks it here before it changes
 anything, and is refused with :class:`~hermes_store.errors.NotEnoughFreeSpace` (a
 :class:`~hermes_store.errors.DiskFull`) naming the file system, what is free and what is
-needed.
+needed. The figures below were measured on SQLite 3.40.1 (``secure_delete`` on, as in
+Python's bundled build) with the corpus stores of the tests, 1.5k to 20k messages.
 """
 
 from __future__ import annotations
@@ -23,6 +24,31 @@ MIB = 1 << 20
 #: Where SQLite's unix VFS looks for a temporary directory after its two variables; it
 #: only reads their names here, to find which file system SQLite will write to.
 SQLITE_TEMP_DIRS = ("/var/tmp", "/usr/tmp", "/tmp", ".")  # noqa: S108
+#: Fixed part of every estimate: schema pages, freelist trunks, the WAL header and index.
+SLACK = 256 << 10
+#: SQLite's page cache when nothing sets `cache_size` (-2000: 2,000 KiB).
+DEFAULT_CACHE_BYTES = 2000 * 1024
+
+#: In-place conversion (revision fts1): the declarations are rewritten and the two
+#: `<fts>_content` copies dropped. With secure_delete every freed page is written (zeroed),
+#: so the WAL grows by the copies: measured 1.015x to 1.07x their bytes with 4 KiB pages
+#: (the fixed part 70-110 KiB); each WAL frame adds a 24-byte header to its page. SQLite's
+#: temporary files hold the savepoint journal: the original of each page freed, plus the
+#: pages of the first copy still dirty in the page cache when the second one is dropped
+#: (spilled inside the second savepoint): measured 1.07x to 1.49x the copies, never more
+#: than the copies plus one copy or the cache size.
+IN_PLACE_WAL_FACTOR = 1.025
+WAL_FRAME_HEADER = 24
+#: Rebuild (revision fts1 with `fts_convert=rebuild`, deferred or not): the inline index is
+#: dropped (every page of it written zeroed) and built again from the view. Measured: the
+#: WAL peaked at 1.02x to 1.09x the index's bytes, the temporary files at 1.30x to 1.50x.
+REBUILD_WAL_FACTOR = 1.1
+REBUILD_TEMP_FACTOR = 1.5
+#: The application's schema steps 22 to 30 write indexes over `messages` and rewrite
+#: `sessions` (25): measured 177 bytes of WAL and up to 123 bytes of file growth per
+#: message whatever the messages' length; the estimate takes 400 bytes per message and
+#: twice the `sessions` table.
+RELATIONAL_BYTES_PER_MESSAGE = 400
 
 
 @dataclass(frozen=True)
@@ -87,6 +113,44 @@ def sqlite_temp_dir(conn: sqlite3.Connection | None = None) -> Path | None:
         if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
             return Path(candidate).resolve()
     return Path.cwd()
+
+
+def page_size(conn: sqlite3.Connection) -> int:
+    """The store's page size in bytes."""
+    return int(conn.execute("PRAGMA page_size").fetchone()[0])
+
+
+def cache_bytes(conn: sqlite3.Connection) -> int:
+    """The page cache of a connection, in bytes (`cache_size`: pages, or -KiB)."""
+    size = int(conn.execute("PRAGMA cache_size").fetchone()[0])
+    if size < 0:
+        return -size * 1024
+    return size * page_size(conn) or DEFAULT_CACHE_BYTES
+
+
+def in_place_conversion(copies: Iterable[int], cache: int, page_size: int) -> tuple[int, int]:
+    """(store, temp) bytes the in-place conversion writes, from the copies' bytes."""
+    sizes = list(copies)
+    total = sum(sizes)
+    if not total:
+        return 0, 0
+    store = int(total * (IN_PLACE_WAL_FACTOR + WAL_FRAME_HEADER / page_size)) + SLACK
+    temp = total + min(max(sizes), cache) + SLACK
+    return store, temp
+
+
+def rebuild_conversion(index_bytes: int, cache: int) -> tuple[int, int]:
+    """(store, temp) bytes the conversion writes when it rebuilds, from the inline index."""
+    if not index_bytes:
+        return 0, 0
+    store = int(index_bytes * REBUILD_WAL_FACTOR) + SLACK
+    temp = int(index_bytes * REBUILD_TEMP_FACTOR) + cache + SLACK
+    return store, temp
+
+
+def relational_steps(messages: int, sessions_bytes: int) -> int:
+    """Store bytes the application's schema steps write, from the store's size."""
+    return messages * RELATIONAL_BYTES_PER_MESSAGE + 2 * sessions_bytes + SLACK
 
 
 def require_free(needs: Iterable[Need], *, task: str, advice: str, store: Path | None) -> None:

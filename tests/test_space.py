@@ -98,3 +98,16 @@ def test_needs_on_one_file_system_add_up(tmp_path: Path, monkeypatch: pytest.Mon
 def test_one_error_for_a_command_refused_for_lack_of_space() -> None:
     assert issubclass(NotEnoughFreeSpace, DiskFull)
     assert maintenance.NotEnoughSpace is NotEnoughFreeSpace  # its name before
+
+
+def test_the_estimates_grow_with_what_the_step_writes() -> None:
+    cache = space.DEFAULT_CACHE_BYTES
+    assert space.in_place_conversion([0, 0], cache, 4096) == (0, 0)
+    small = space.in_place_conversion([1 << 20, 1 << 20], cache, 4096)
+    large = space.in_place_conversion([100 << 20, 100 << 20], cache, 4096)
+    # The WAL takes the copies and a little more; the journal at most one copy more.
+    assert 200 << 20 < large[0] < 210 << 20
+    assert 200 << 20 < large[1] <= (200 << 20) + cache + space.SLACK
+    assert small[1] <= (3 << 20) + space.SLACK
+    assert space.in_place_conversion([1 << 20], cache, 1024)[0] > small[0] // 2
+    assert space.rebuild_conversion(10 << 20, cache)[0] > 10 << 20
