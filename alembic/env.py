@@ -134,5 +134,7 @@ else:
             runs_revisions=runs,
             destination=destination,
         )
-    except StoreError as exc:  # one line from `alembic`, no traceback
-        raise CommandError(str(exc)) from None
+    except StoreError as exc:
+        if config.attributes.get("connection") is not None:
+            raise  # the library runs these revisions, and reports its own errors
+        raise CommandError(str(exc)) from None  # one line from `alembic`, no traceback

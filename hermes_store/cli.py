@@ -685,11 +685,14 @@ def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None
         raise click.UsageError("--vacuum and --no-vacuum contradict each other: pick one")
     with operator_errors():
         engine = open_existing(db)
-        result = optimize_store(
-            engine,
-            vacuum=True if full else False if no_vacuum else None,
-            progress=_progress(_interactive() and not as_json),
-        )
+        try:
+            result = optimize_store(
+                engine,
+                vacuum=True if full else False if no_vacuum else None,
+                progress=_progress(_interactive() and not as_json),
+            )
+        finally:
+            engine.dispose()  # its pooled connections keep the -wal open, deleted or not
     if as_json:
         _emit(result.as_dict())
     else:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.engine import URL, Connection, ExceptionContext, make_url
+from sqlalchemy.exc import DBAPIError, ResourceClosedError
 from sqlalchemy.pool import QueuePool, StaticPool
 
 from hermes_store.errors import (
@@ -26,6 +26,7 @@ from hermes_store.errors import (
     StoreReadOnly,
     UnsafePath,
 )
+from hermes_store.space import describe_free, free_bytes, sqlite_temp_dir
 
 log = logging.getLogger(__name__)
 
@@ -181,15 +182,93 @@ def require_writable(path: Path | None) -> None:
         )
 
 
+#: SQLite's primary result codes this module acts on (the extended code's low byte).
+SQLITE_IOERR = 10
+SQLITE_FULL = 13
+#: Key in a connection's `info` that holds the first full-disk error of its transaction.
+_DISK_FULL_KEY = "hermes_store.disk_full"
+#: Free bytes below which an I/O error is taken for a full disk: SQLite reports ENOSPC as
+#: SQLITE_FULL where it writes pages, but as an I/O error where it grows its -shm file
+#: (SQLITE_IOERR_SHMSIZE: 32 KiB at a time).
+_NEARLY_FULL = 64 << 10
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, the driver error it wraps, and the errors it was raised from or during."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen or len(seen) > 32:
+            continue
+        seen.add(id(current))
+        yield current
+        orig = getattr(current, "orig", None)
+        for linked in (orig, current.__cause__, current.__context__):
+            if isinstance(linked, BaseException):
+                todo.append(linked)
+
+
+def _code(exc: BaseException) -> int | None:
+    """SQLite's primary result code of a driver error (Python 3.11+), else None."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def is_disk_full(exc: BaseException, path: Path | None = None) -> bool:
+    """Whether ``exc`` comes from a full disk, or was raised while handling one.
+
+    Looked for along the exception chain: SQLITE_FULL (a full file system, or the store at
+    `max_page_count`), ENOSPC, SQLite's "database or disk is full", or an I/O error while
+    the store's or SQLite's temporary file system has (almost) no space left.
+    """
+    for error in _chain(exc):
+        if isinstance(error, DiskFull):
+            return True
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        code = _code(error)
+        if code == SQLITE_FULL or "database or disk is full" in str(error):
+            return True
+        io_error = code == SQLITE_IOERR or (code is None and "disk i/o error" in str(error).lower())
+        if isinstance(error, sqlite3.Error) and io_error and _disk_full(path):
+            return True
+    return False
+
+
+def disk_full_error(detail: str, path: Path | None) -> DiskFull:
+    """The DiskFull a step that ran out of space raises: what SQLite said, what is free."""
+    where = f"{path}: " if path is not None else ""
+    free = describe_free(path)
+    return DiskFull(
+        f"{where}the disk is full ({detail}{'; ' + free if free else ''}); the step in "
+        "progress was rolled back and the store left as it was. Free space and run the "
+        "command again (`hermes-store upgrade` says how much it needs before it starts)"
+    )
+
+
+def _full_disk_detail(exc: BaseException) -> str:
+    """What SQLite (or the OS) said about the full disk, from the first such error."""
+    for error in _chain(exc):
+        if isinstance(error, DBAPIError):  # its driver error follows, without the SQL
+            continue
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return f"{error.strerror}: {error.filename}" if error.filename else str(error.strerror)
+        if _code(error) == SQLITE_FULL or "database or disk is full" in str(error):
+            return str(error)
+        if str(getattr(error, "sqlite_errorname", "")).startswith("SQLITE_IOERR_SHM"):
+            return f"{error}: no room for the -shm file SQLite needs even to read a WAL store"
+    return str(getattr(exc, "orig", exc))
+
+
 def translate_error(exc: BaseException, path: Path | None = None) -> StoreError | None:
     """The domain error for a driver or OS failure the operator can act on, else None."""
     where = f"{path}: " if path is not None else ""
+    if isinstance(exc, DiskFull):
+        return exc
+    if is_disk_full(exc, path):
+        return disk_full_error(_full_disk_detail(exc), path)
     if isinstance(exc, OSError):
-        if exc.errno == errno.ENOSPC:
-            return DiskFull(
-                f"{where}the disk is full ({exc.filename or exc.strerror}); nothing was "
-                "changed. Free some space and run the command again"
-            )
         if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             return StoreReadOnly(
                 f"{where}cannot write {exc.filename or 'the store'} ({exc.strerror}); "
@@ -198,12 +277,6 @@ def translate_error(exc: BaseException, path: Path | None = None) -> StoreError 
         return None
     detail = str(exc.orig) if isinstance(exc, DBAPIError) else str(exc)
     lowered = detail.lower()
-    if "disk is full" in lowered or ("disk i/o error" in lowered and _disk_full(path)):
-        return DiskFull(
-            f"{where}the disk is full ({detail}); the step in progress was rolled back and "
-            "the store left as it was. Free space on its file system (an upgrade or optimize "
-            "may need about the store's size) and run the command again"
-        )
     if "readonly" in lowered or "read-only" in lowered:
         return StoreReadOnly(
             f"{where}the store is read-only ({detail}); the step in progress was rolled "
@@ -228,14 +301,19 @@ def translate_error(exc: BaseException, path: Path | None = None) -> StoreError 
 
 
 def _disk_full(path: Path | None) -> bool:
-    """Whether the file system of ``path`` has (almost) no space left."""
-    if path is None:
-        return False
-    try:
-        stat = os.statvfs(path.parent)
-    except OSError:
-        return False
-    return stat.f_bavail * stat.f_frsize < 65536
+    """Whether the store's file system, or SQLite's temporary one, has (almost) no space left."""
+    directories = [sqlite_temp_dir()]
+    if path is not None:
+        directories.insert(0, path.parent)
+    for directory in directories:
+        if directory is None:
+            continue
+        try:
+            if free_bytes(directory) < _NEARLY_FULL:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 @contextlib.contextmanager
@@ -292,6 +370,8 @@ def _set_journal_mode(dbapi_connection: sqlite3.Connection, path: Path | None) -
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):
             raise
+        if is_disk_full(exc, path):  # no room for the -shm file: not a refusal of WAL
+            raise disk_full_error(_full_disk_detail(exc), path) from exc
         translated = translate_error(exc, path) if "readonly" in str(exc) else None
         if translated is not None:
             raise translated from exc
@@ -402,4 +482,36 @@ def _install_listeners(
         mode = str(conn.get_execution_options().get(BEGIN_OPTION, "DEFERRED")).upper()
         if mode not in _BEGIN_MODES:
             raise ValueError(f"{BEGIN_OPTION} must be one of {sorted(_BEGIN_MODES)}, got {mode!r}")
+        conn.info.pop(_DISK_FULL_KEY, None)
         conn.exec_driver_sql(f"BEGIN {mode}")
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: ExceptionContext) -> BaseException | None:
+        return _name_full_disk(context, path)
+
+
+def _name_full_disk(context: ExceptionContext, path: Path | None) -> DiskFull | None:
+    """Raise a full disk as DiskFull, and so every error that follows it in its transaction.
+
+    When SQLite runs out of space mid-statement it may roll the whole transaction back;
+    what the caller does next then fails for another reason ("no such savepoint" when it
+    rolls back its savepoint, "vtable constructor failed" when FTS5 reads its tables
+    again), which would hide the cause. The first full-disk error of a transaction is
+    remembered on the connection until its next BEGIN. Raising DiskFull (no
+    OperationalError) also keeps code that falls back on an OperationalError (a probe, a
+    second way of doing a step) from trying again on a full disk.
+    """
+    error = context.original_exception
+    info: dict[Any, Any] | None = None
+    if context.connection is not None:
+        with contextlib.suppress(ResourceClosedError):
+            info = context.connection.info
+    if is_disk_full(error, path):
+        detail = _full_disk_detail(error)
+        if info is not None:
+            info.setdefault(_DISK_FULL_KEY, detail)
+        return disk_full_error(detail, path)
+    first = info.get(_DISK_FULL_KEY) if info is not None else None
+    if first is not None and isinstance(error, sqlite3.Error):
+        return disk_full_error(f"{first}; then: {error}", path)
+    return None

@@ -39,6 +39,17 @@ class DiskFull(StoreError):
     """The file system ran out of space (or the store hit its page limit) mid-operation."""
 
 
+class NotEnoughFreeSpace(DiskFull):
+    """A command was refused before it changed anything: the disk lacks the space it needs."""
+
+    def __init__(self, message: str, *, needed: int, free: int, where: str) -> None:
+        super().__init__(message)
+        #: Bytes the command needs free on ``where`` (a mount point), and bytes free there.
+        self.needed = needed
+        self.free = free
+        self.where = where
+
+
 class UnsafePath(StoreError):
     """A symbolic link sits where the store or one of its -wal / -shm / -journal files goes."""
 

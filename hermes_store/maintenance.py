@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import shutil
 import sqlite3
 import tempfile
 import time
@@ -20,7 +18,7 @@ from hermes_store import backfill
 from hermes_store.backfill import pending, rows_left
 from hermes_store.backup import backup_from, default_backup_path, remove_partials
 from hermes_store.engine import BEGIN_OPTION, db_path, require_writable, sqlite_errors
-from hermes_store.errors import StoreError
+from hermes_store.errors import NotEnoughFreeSpace, StoreError
 from hermes_store.fts import (
     INDEXES,
     CheckResult,
@@ -35,14 +33,16 @@ from hermes_store.fts import (
     retired_indexes,
     staged_indexes,
 )
+from hermes_store.revisions import fts_conversion
+from hermes_store.space import Need, require_free, sqlite_temp_dir
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 
 
-class NotEnoughSpace(StoreError):
-    """VACUUM needs more free disk space than there is."""
+#: The one error of a command refused for lack of space, under the name it had here.
+NotEnoughSpace = NotEnoughFreeSpace
 
 
 @dataclass
@@ -113,28 +113,26 @@ def _on_disk(path: Path | None) -> int:
     return sum(sizes)
 
 
-def vacuum_space_needed(path: Path) -> dict[Path, int]:
-    """Free bytes VACUUM needs per directory: a temp copy, then the copy written back via WAL."""
+def vacuum_space_needed(path: Path) -> list[Need]:
+    """Free bytes VACUUM needs: a temporary copy of the store in SQLite's temporary
+    directory, then every page written back through the WAL next to the store."""
     size = path.stat().st_size
-    temp_dir = Path(os.environ.get("SQLITE_TMPDIR") or tempfile.gettempdir())
-    needs: dict[Path, int] = {}
-    for directory in (path.parent, temp_dir):
-        device = directory.stat().st_dev
-        key = next((d for d in needs if d.stat().st_dev == device), directory)
-        needs[key] = needs.get(key, 0) + size
+    needs = [Need(path.parent, size, "its pages written back through the WAL")]
+    temp_dir = sqlite_temp_dir()
+    if temp_dir is not None:
+        needs.append(Need(temp_dir, size, "a temporary copy of the store"))
     return needs
 
 
 def check_vacuum_space(path: Path) -> None:
     """Refuse before VACUUM when a file system lacks the space it needs."""
-    for directory, needed in vacuum_space_needed(path).items():
-        free = shutil.disk_usage(directory).free
-        if free < needed:
-            raise NotEnoughSpace(
-                f"VACUUM needs about {needed // 1_048_576} MiB free in {directory} but only "
-                f"{free // 1_048_576} MiB is free; free some space (or set SQLITE_TMPDIR to a "
-                "larger file system), or run without --vacuum (bounded steps, no VACUUM)"
-            )
+    require_free(
+        vacuum_space_needed(path),
+        task="VACUUM",
+        store=path,
+        advice="Free some space (or set SQLITE_TMPDIR to a larger file system), or run "
+        "without --vacuum (bounded steps, no VACUUM)",
+    )
 
 
 #: Pages of FTS5 merging per step of a bounded optimize (FTS5 'merge', N): tens of
@@ -184,7 +182,15 @@ def optimize(
             # A legacy index being rebuilt beside itself is not merged: it is to be dropped.
             names = [name for name in present_indexes(conn) if name not in staged_indexes(conn)]
             retired = retired_indexes(conn)
+            leftover = conn.execute(
+                text("SELECT 1 FROM sqlite_master WHERE name = :log"),
+                {"log": fts_conversion().CHANGE_LOG},
+            ).first()
             conn.rollback()
+            if leftover:  # an upgrade killed between its verification and its conversion
+                say("removing an interrupted upgrade's change log")
+                with _writing(conn, locks):
+                    fts_conversion().drop_change_log(conn)
             if retired:  # set aside by a conversion or a swap; dropped before the merges
                 say(f"dropping {', '.join(retired)}")
                 _drop_retired(conn, retired, locks, whole=bool(vacuum))

@@ -10,7 +10,7 @@ import os
 import sqlite3
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from sqlalchemy.pool import StaticPool
 
 from alembic import command
 from alembic import context as alembic_context
-from hermes_store import backfill, fts
+from hermes_store import backfill, fts, space
 from hermes_store.backup import BackupResult, backup, backup_from
 from hermes_store.backup import check_target as check_backup_target
 from hermes_store.engine import (
@@ -39,9 +39,11 @@ from hermes_store.engine import (
     resolve_url,
     side_files,
     sqlite_errors,
+    translate_error,
     writable_problem,
 )
 from hermes_store.errors import (
+    DiskFull,
     NotADatabase,
     SchemaTooNew,
     SchemaTooOld,
@@ -58,9 +60,11 @@ from hermes_store.revisions import (
     fts_conversion,
     fts_head_revision,
     head_revision,
+    is_app_version,
     require_script_location,
     script_directory,
 )
+from hermes_store.storage import FTS_SHADOWS, btree_bytes
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +161,9 @@ def inspect_file(path: Path | None, script: ScriptDirectory | None = None) -> St
                 row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
             )
         except sqlite3.DatabaseError as exc:
+            translated = translate_error(exc, path)
+            if isinstance(translated, DiskFull):  # no room for the -shm a WAL store needs
+                raise translated from exc
             problem = writable_problem(path) if "unable to open" in str(exc) else None
             if problem is not None:
                 raise StoreReadOnly(
@@ -665,11 +672,14 @@ def upgrade(
         check_backup_target(backup_to, path, overwrite=overwrite_backup)
     with (
         _removed_on_failure(created),
-        _writer(resolved, app_version, backup_to, overwrite_backup, revision=revision) as (
-            conn,
-            state,
-            prepared,
-        ),
+        _writer(
+            resolved,
+            app_version,
+            backup_to,
+            overwrite_backup,
+            revision=revision,
+            space_for=(targets, x_args),
+        ) as (conn, state, prepared),
     ):
         _, schema_before, layout_before = _facts(conn)
         cfg = alembic_config(resolved, connection=conn, x=x_args)
@@ -688,7 +698,7 @@ def upgrade(
                 healed = _heal_search(conn)
             # The copies an in-place conversion set aside, freed in short steps (not in its
             # lock; a kill here leaves them to the next upgrade, optimize or optimize-storage).
-            backfill.drop_retired(conn)
+            _free_set_aside(conn)
         after, schema_after, layout_after = _facts(conn)
         with _transaction(conn):
             pending = tuple(item.index for item in backfill.pending(conn))
@@ -742,11 +752,14 @@ def _writer(
     *,
     existing: bool = False,
     revision: str | None = None,
+    space_for: tuple[Sequence[str], Mapping[str, str]] | None = None,
 ) -> Iterator[tuple[Connection, StoreState, Prepared]]:
     """Classify the store once (read-only), then hold one connection that takes the write
     lock at each BEGIN, with the backup taken and the store adopted or restamped on it.
 
     ``existing=True`` refuses a store that does not exist yet instead of creating it.
+    ``space_for`` (the targets and ``-x`` options of an upgrade) refuses, before anything
+    is written, an upgrade the disk has no room for (see :func:`check_upgrade_space`).
     """
     path = db_path(resolved)
     state = inspect_file(path)
@@ -756,6 +769,8 @@ def _writer(
     if revision is not None:
         _refuse_older_revision(state, revision)
     require_writable(path)
+    if space_for is not None:
+        check_upgrade_space(state, *space_for, backup_to=backup_to)
     engine = create_store_engine(resolved)
     try:
         with sqlite_errors(path), engine.connect() as conn:
@@ -766,6 +781,20 @@ def _writer(
             yield conn, state, prepared
     finally:
         engine.dispose()
+
+
+def _free_set_aside(conn: Connection) -> None:
+    """Free what the conversion set aside, in short steps; a full disk (each freed page is
+    written zeroed with secure_delete) leaves the rest for later instead of failing an
+    upgrade that is done."""
+    try:
+        backfill.drop_retired(conn)
+    except DiskFull as exc:
+        log.warning(
+            "%s; the copies the conversion set aside are left in the store: run "
+            "`hermes-store optimize` once space is freed",
+            str(exc).split(";")[0],
+        )
 
 
 def verify_ahead(conn: Connection) -> dict[str, str]:
@@ -814,6 +843,15 @@ def _change_log_removed_on_failure(conn: Connection) -> Iterator[None]:
         try:
             if conn.in_transaction():
                 conn.rollback()
+            # A full disk: the WAL still takes the space of what was rolled back; truncated,
+            # it gives that space to the few pages the removal writes.
+            driver: Any = conn.connection.driver_connection
+            (timeout,) = driver.execute("PRAGMA busy_timeout").fetchone()
+            driver.execute("PRAGMA busy_timeout=200")  # a reader: skip it, do not wait
+            try:
+                driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                driver.execute(f"PRAGMA busy_timeout={int(timeout)}")
             with conn.begin():
                 if conn.execute(
                     text("SELECT 1 FROM sqlite_master WHERE name = :log"),
@@ -821,8 +859,114 @@ def _change_log_removed_on_failure(conn: Connection) -> Iterator[None]:
                 ).first():
                     fts_conversion().drop_change_log(conn)
         except Exception:  # the original error is the one to report
-            log.debug("upgrade: the change log could not be removed", exc_info=True)
+            log.warning(
+                "the upgrade's change log (table %s and its triggers) could not be removed; "
+                "the next upgrade removes it",
+                fts_conversion().CHANGE_LOG,
+            )
         raise
+
+
+def _pending_revisions(state: StoreState, targets: Sequence[str]) -> set[str] | None:
+    """The revisions an upgrade of a store in ``state`` to ``targets`` would run (adoption
+    stamps a legacy store at its version first); None when that cannot be told (a relative
+    or unknown target: Alembic says what is wrong with it)."""
+    if state.misstamped:
+        current: tuple[str, ...] = (str(_MISSTAMPED_REAL_VERSION), FTS_EXTERNAL_REVISION)
+    elif state.revisions:
+        current = state.revisions
+    elif state.legacy_version is not None:
+        current = (str(state.legacy_version),)
+    else:
+        current = ()
+    script = script_directory()
+    try:
+        applied = {rev.revision for rev in script.iterate_revisions(current, "base")}
+        wanted = {
+            rev.revision
+            for target in targets
+            for rev in script.iterate_revisions(target, "base")
+            if rev is not None
+        }
+    except Exception as exc:  # Alembic raises several kinds, and says which when it runs
+        log.debug("space check skipped: %s", exc)
+        return None
+    return wanted - applied
+
+
+def check_upgrade_space(
+    state: StoreState,
+    targets: Sequence[str],
+    x: Mapping[str, str],
+    *,
+    backup_to: str | os.PathLike[str] | None = None,
+) -> None:
+    """Refuse, before anything is written, an upgrade the disk has no room for.
+
+    Raises NotEnoughFreeSpace (a DiskFull) saying what is needed and what is free on which
+    file system. The need is what the pending steps write (:mod:`hermes_store.space`): the
+    search conversion's write-ahead log next to the store and its savepoint journal in
+    SQLite's temporary directory (in place, from the two inline copies' size; rebuilt when
+    `fts_convert=rebuild` asks for it, from the inline indexes' size), the application's
+    schema steps, and the backup. Nothing is checked when no step is pending (at head),
+    for a new store, or without dbstat (which measures the tables). A legacy index that
+    verification then finds drifted is rebuilt, which needs more: if that does not fit,
+    the revision fails as DiskFull and is rolled back.
+    """
+    path = state.path
+    if path is None or state.kind == "new":
+        return
+    pending = _pending_revisions(state, targets)
+    if not pending:
+        return
+    relational = any(is_app_version(revision) for revision in pending)
+    conversion = None
+    if FTS_EXTERNAL_REVISION in pending:
+        conversion = "rebuild" if x.get("fts_convert") == "rebuild" else "in-place"
+    with _read_only(path) as conn:
+        tables = {str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master")}
+        inline = [index for index in fts.INDEXES if f"{index}_content" in tables]
+        copies = [f"{index}_content" for index in inline]
+        shadows = [index + suffix for index in inline for suffix in FTS_SHADOWS]
+        # Only what the pending steps rewrite is measured: dbstat reads every page of it.
+        wanted = copies if conversion == "in-place" else []
+        if conversion == "rebuild":
+            wanted = [*copies, *(name for name in shadows if name in tables)]
+        measured = btree_bytes(conn, [*wanted, *(["sessions"] if relational else [])])
+        if measured is None:
+            log.info("space check skipped: this SQLite has no dbstat to measure the store")
+            return
+        wal = temp = 0
+        if conversion == "in-place" and inline:
+            wal, temp = space.in_place_conversion(
+                [measured[name] for name in copies], space.cache_bytes(conn), space.page_size(conn)
+            )
+        elif conversion == "rebuild" and inline:
+            index_bytes = sum(measured[name] for name in wanted)
+            wal, temp = space.rebuild_conversion(index_bytes, space.cache_bytes(conn))
+        schema_steps = 0
+        if relational and "messages" in tables:
+            messages = int(conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
+            schema_steps = space.relational_steps(messages, measured.get("sessions", 0))
+        temp_dir = space.sqlite_temp_dir(conn)
+    needs = [
+        space.Need(path.parent, schema_steps, "the application's schema steps"),
+        space.Need(path.parent, wal, f"the {conversion} search conversion's write-ahead log"),
+    ]
+    if temp_dir is not None:
+        needs.append(space.Need(temp_dir, temp, "SQLite's temporary files"))
+    if backup_to is not None:
+        wal_file = path.with_name(path.name + "-wal")
+        size = path.stat().st_size + (wal_file.stat().st_size if wal_file.exists() else 0)
+        target = Path(backup_to).expanduser().resolve().parent
+        needs.append(space.Need(target, size, "the backup"))
+    space.require_free(
+        needs,
+        task="this upgrade",
+        store=path,
+        advice="Free some space (SQLITE_TMPDIR can point SQLite's temporary files at "
+        "another file system) and run the upgrade again",
+    )
 
 
 def _heal_search(conn: Connection) -> dict[str, str]:
@@ -1032,8 +1176,14 @@ def run_env(
         check_backup_target(x[BACKUP_X], path, overwrite=overwrite)
     if destination is None and x.get(DELETE_DATA_X, "").lower() not in ("1", "true", "yes"):
         _refuse_deleting_data(path, f"`alembic -x {DELETE_DATA_X}=true downgrade base`")
+    if app_version is not None and app_version < LAST_APP_VERSION:
+        planned: Sequence[str] = _targets(None, app_version)
+    else:
+        planned = destination.split(",") if destination else ()
     with (
-        _writer(resolved, app_version, x.get(BACKUP_X) or None, overwrite) as (conn, _, _),
+        _writer(
+            resolved, app_version, x.get(BACKUP_X) or None, overwrite, space_for=(planned, x)
+        ) as (conn, _, _),
         _change_log_removed_on_failure(conn),
     ):
         if destination in (head_revision(), fts_head_revision()) and x.get("fts_convert") != (

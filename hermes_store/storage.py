@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -14,7 +16,8 @@ FTS_INDEX = "FTS index data"
 FTS_COPIES = "redundant FTS text copies"
 OTHER = "other"
 GROUPS = (MESSAGE_DATA, FTS_INDEX, FTS_COPIES, OTHER)
-_FTS_SHADOWS = ("_data", "_idx", "_docsize", "_config")
+#: The shadow tables of an FTS5 index besides its `_content` copy, each `<index><suffix>`.
+FTS_SHADOWS = ("_data", "_idx", "_docsize", "_config")
 
 
 @dataclass
@@ -60,7 +63,7 @@ def classify(owner: str) -> str:
     for index in (*INDEXES, *map(staged_name, INDEXES), *map(retired_name, INDEXES)):
         if owner in (f"{index}_content", retired_copy_name(index)):
             return FTS_COPIES
-        if owner in (index, *(index + suffix for suffix in _FTS_SHADOWS)):
+        if owner in (index, *(index + suffix for suffix in FTS_SHADOWS)):
             return FTS_INDEX
     return MESSAGE_DATA if owner == "messages" else OTHER
 
@@ -84,6 +87,24 @@ def storage_report(conn: Connection) -> StorageReport:
         group = classify(owners.get(str(name), str(name)))
         report.groups[group] += int(size)
     return report
+
+
+def btree_bytes(conn: sqlite3.Connection, names: Iterable[str]) -> dict[str, int] | None:
+    """Bytes of each named table or index (its pages, overflow included), read with dbstat
+    on a plain sqlite3 connection (a read-only one will do); None without dbstat.
+
+    Only the named b-trees are walked, so this reads what they hold and nothing else.
+    """
+    sizes: dict[str, int] = {}
+    try:
+        for name in names:
+            row = conn.execute("SELECT sum(pgsize) FROM dbstat WHERE name = ?", (name,)).fetchone()
+            sizes[name] = int(row[0] or 0)
+    except sqlite3.OperationalError as exc:
+        if "no such table: dbstat" in str(exc):
+            return None
+        raise
+    return sizes
 
 
 def human_bytes(size: float) -> str:

@@ -163,6 +163,10 @@ def snapshot(path: Path) -> Snapshot:
     return Snapshot(schema(path), probe(path))
 
 
+#: The upgrade's change log (see migrate.verify_ahead), with its triggers' prefix.
+CHANGE_LOG = "hermes_store_conversion_changes"
+
+
 def whole_revision(path: Path, at_21: Snapshot, at_22: Snapshot) -> str:
     """Say whether a schema-21 store is wholly inline or wholly converted (else fail).
 
@@ -182,10 +186,16 @@ def whole_revision(path: Path, at_21: Snapshot, at_22: Snapshot) -> str:
     assert version == 21, f"schema_version is {version}"
     state = "external" if "fts1" in revisions else "inline"
     expected = at_21 if state == "inline" else at_22
-    assert schema(path) == expected.schema, (
+    found = schema(path)
+    if state == "external":  # copies set aside by the conversion, not freed yet: consistent
+        found = {item for item in found if not item[1].endswith("_content_retired")}
+    else:  # a kill between the verification and the conversion leaves its change log (the
+        # next upgrade or optimize removes it): the store is wholly inline all the same
+        found = {item for item in found if not item[1].startswith(CHANGE_LOG)}
+    assert found == expected.schema, (
         f"at {revisions or 'no revision'} but the schema is neither inline 21's nor external's: "
-        f"extra {sorted(schema(path) - expected.schema)[:3]}, "
-        f"missing {sorted(expected.schema - schema(path))[:3]}"
+        f"extra {sorted(found - expected.schema)[:3]}, "
+        f"missing {sorted(expected.schema - found)[:3]}"
     )
     if state == "inline":
         assert revisions in ([], ["21"])
@@ -303,6 +313,23 @@ def immutable(path: Path) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["chattr", "-i", str(path)], check=False, capture_output=True)
+
+
+@contextlib.contextmanager
+def sqlite_temp_directory(directory: Path) -> Iterator[Path]:
+    """SQLite's temporary files (savepoint journals, sorts, VACUUM's copy) go to
+    ``directory`` in this process for the block.
+
+    `PRAGMA temp_store_directory` sets it process-wide, as SQLITE_TMPDIR does for a process
+    that starts with it (SQLite reads the variable once, at start).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        conn.execute(f"PRAGMA temp_store_directory = '{directory}'")
+        try:
+            yield directory
+        finally:
+            conn.execute("PRAGMA temp_store_directory = ''")
 
 
 def leave_free(directory: Path, free_bytes: int) -> Path:

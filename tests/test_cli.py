@@ -27,7 +27,7 @@ import pytest
 from click.testing import CliRunner, Result
 from legacy.build import build_legacy_store
 
-from hermes_store import cli, corpus, maintenance, migrate
+from hermes_store import cli, corpus, migrate
 from hermes_store.cli import main
 from hermes_store.engine import ENV_BUSY_TIMEOUT, create_store_engine
 from hermes_store.search import search_messages
@@ -474,7 +474,7 @@ def test_optimize_refuses_without_the_space_vacuum_needs(
     def nearly_full(_path: object) -> _Usage:
         return _Usage(total=10 << 30, used=(10 << 30) - 4096, free=4096)
 
-    monkeypatch.setattr(maintenance.shutil, "disk_usage", nearly_full)
+    monkeypatch.setattr(shutil, "disk_usage", nearly_full)
     before = fingerprint(head_store)
     result = invoke("optimize", "--db", head_store, "--vacuum", expect=None)
     assert_one_line_error(result, "VACUUM needs", "free", "without --vacuum")

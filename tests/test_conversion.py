@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
 from legacy import ddl
 from legacy.build import build_legacy_store
 from migration_support import clone, migration_log
 from parity_queries import PARITY_QUERIES
 from sqlalchemy import Engine, event
+from sqlalchemy import exc as sa_exc
 
 from hermes_store import corpus, fts, migrate
 from hermes_store.engine import create_store_engine
@@ -463,3 +466,47 @@ def test_without_fts_on_a_sqlite_with_fts5_the_indexes_are_built(no_fts: Path) -
     assert check(no_fts).ok
     assert search(no_fts, "def") != []
     assert search(no_fts, "数据库") != []
+
+
+# --------------------------------------------------------------------------------------------
+# A full disk is no refusal
+# --------------------------------------------------------------------------------------------
+
+
+def _sqlite_full(tmp_path: Path) -> sqlite3.OperationalError:
+    """A real SQLITE_FULL from SQLite: a store at its page limit."""
+    raw = sqlite3.connect(tmp_path / "full.db")
+    try:
+        raw.execute("CREATE TABLE t(a)")
+        raw.execute(f"PRAGMA max_page_count = {raw.execute('PRAGMA page_count').fetchone()[0]}")
+        with pytest.raises(sqlite3.OperationalError, match="disk is full") as full:
+            raw.execute("INSERT INTO t VALUES (zeroblob(100000))")
+    finally:
+        raw.close()
+    return full.value
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["disk-full", "refused"])
+def test_the_in_place_path_never_takes_a_full_disk_for_a_refusal(
+    full: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Revision fts1 rebuilds when SQLite refuses to edit the schema; SQLITE_FULL there is
+    raised instead, on any connection (a rebuild on a full disk writes far more)."""
+    path = tmp_path / "state.db"
+    build_legacy_store(path, 21)
+    module = migrate.script_directory().get_revision("fts1").module
+    driver_error = _sqlite_full(tmp_path) if full else sqlite3.OperationalError("not authorized")
+    failure = sa_exc.OperationalError("UPDATE sqlite_master", {}, driver_error)
+
+    def rewrite(_name: str, _sql: str) -> None:
+        raise module.SchemaEditRefused(str(failure.orig)) from failure
+
+    monkeypatch.setattr(module, "_rewrite_declaration", rewrite)
+    with engine_of(path) as engine, engine.connect() as conn, conn.begin():
+        with Operations.context(MigrationContext.configure(conn)):
+            if full:
+                with pytest.raises(module.SchemaEditRefused, match="disk is full"):
+                    module._convert_in_place(WORD)
+            else:
+                why = module._convert_in_place(WORD)
+                assert why.startswith("this SQLite refuses schema edits")

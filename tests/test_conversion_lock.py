@@ -221,3 +221,19 @@ def hits_of_legacy(path: Path, query: str) -> list[int]:
     copy = clone(path, path.with_name(f"reference-{abs(hash(query))}.db"))
     migrate.upgrade(str(copy), x={"fts_convert": "rebuild"})
     return hits(copy, query)
+
+
+def test_optimize_removes_the_change_log_of_a_killed_upgrade(store: Path) -> None:
+    """kill -9 between the verification and the conversion leaves the log (its triggers
+    keep logging the agent's writes): `optimize` removes it, as the next upgrade does."""
+    engine = create_store_engine(store, create=False)
+    try:
+        with engine.begin() as conn:
+            fts_conversion().start_change_log(conn)
+    finally:
+        engine.dispose()
+    sql(store, "UPDATE messages SET content = 'x' WHERE id = 1")  # logged
+    assert sql(store, f"SELECT id FROM {CHANGE_LOG}") == [(1,)]
+    result = CliRunner().invoke(main, ["optimize", "--db", str(store), "--no-vacuum"])
+    assert result.exit_code == 0, result.output
+    assert not [n for n in names(store) if n.startswith(CHANGE_LOG)]

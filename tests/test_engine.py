@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, inspect, make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy import Engine, event, inspect, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from hermes_store import migrate
 from hermes_store.engine import (
@@ -22,8 +22,9 @@ from hermes_store.engine import (
     hermes_home,
     resolve_url,
     to_url,
+    translate_error,
 )
-from hermes_store.errors import StoreNotFound
+from hermes_store.errors import DiskFull, StoreNotFound
 from hermes_store.store import NewMessage, Store
 
 
@@ -403,3 +404,71 @@ def test_an_unknown_begin_mode_is_refused(engine: Engine) -> None:
     with pytest.raises(ValueError, match="sqlite_begin must be one of"):
         with engine.connect().execution_options(**{BEGIN_OPTION: "LATER"}) as conn:
             conn.begin()
+
+
+# -- a full disk ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def page_limited(engine: Engine) -> Engine:
+    """The engine's store at its page limit (SQLITE_FULL, as on a full disk) from now on."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t(a)")
+    engine.dispose()
+
+    @event.listens_for(engine, "connect")
+    def _limit(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        pages = dbapi_connection.execute("PRAGMA page_count").fetchone()[0]
+        dbapi_connection.execute(f"PRAGMA max_page_count = {pages}")
+
+    return engine
+
+
+def test_a_full_disk_is_named_through_every_error_that_follows_it(page_limited: Engine) -> None:
+    """SQLite rolls the whole transaction back: rolling back the savepoint then fails with
+    'no such savepoint', which is a consequence, and is named as the full disk too."""
+    with page_limited.connect() as conn:
+        with pytest.raises(DiskFull, match="disk is full") as after:  # noqa: PT012
+            with conn.begin():
+                savepoint = conn.begin_nested()
+                with pytest.raises(DiskFull, match="database or disk is full") as first:
+                    conn.exec_driver_sql("INSERT INTO t VALUES (zeroblob(100000))")
+                assert not isinstance(first.value, DBAPIError)  # no fallback catches it
+                savepoint.rollback()  # outside the handler: nothing chains it to the first
+        assert "then: no such savepoint" in str(after.value)
+        # The next transaction starts afresh: its own errors are its own.
+        with conn.begin():
+            with pytest.raises(OperationalError, match="no such table"):
+                conn.exec_driver_sql("SELECT * FROM missing")
+            assert conn.exec_driver_sql("SELECT count(*) FROM t").scalar() == 0
+
+
+def _second_error_after_a_full_disk(raw: sqlite3.Connection) -> None:
+    """SQLITE_FULL, then, while handling it, the savepoint SQLite already rolled back."""
+    try:
+        raw.execute("INSERT INTO t VALUES (zeroblob(100000))")
+    except sqlite3.OperationalError:
+        raw.execute("ROLLBACK TO s")
+
+
+def test_translate_error_reads_sqlite_codes_and_the_exception_chain(db_file: Path) -> None:
+    raw = sqlite3.connect(db_file, isolation_level=None)
+    try:
+        raw.execute("CREATE TABLE t(a)")
+        raw.execute(f"PRAGMA max_page_count = {raw.execute('PRAGMA page_count').fetchone()[0]}")
+        raw.execute("BEGIN")
+        raw.execute("SAVEPOINT s")
+        with pytest.raises(sqlite3.OperationalError, match="no such savepoint") as later:
+            _second_error_after_a_full_disk(raw)
+    finally:
+        raw.close()
+    full = later.value.__context__
+    assert isinstance(full, sqlite3.OperationalError)
+    assert full.sqlite_errorname == "SQLITE_FULL"
+    assert isinstance(translate_error(full, db_file), DiskFull)
+    translated = translate_error(later.value, db_file)
+    assert isinstance(translated, DiskFull)
+    assert "database or disk is full" in str(translated)
+    assert "\n" not in str(translated)
+    # An error with no full disk behind it is left alone.
+    assert translate_error(sqlite3.OperationalError("no such savepoint: s"), db_file) is None

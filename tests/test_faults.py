@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic.util import CommandError
 from reliability_support import (
+    Snapshot,
     assert_clean_failure,
     build_corpus_store,
     cli,
@@ -39,14 +42,22 @@ from reliability_support import (
     run_cli,
     scalar,
     snapshot,
+    sqlite_temp_directory,
     tmpfs,
     whole_revision,
 )
 from sqlalchemy import Engine, event
 
+from alembic import command as alembic_command
 from hermes_store import backfill, maintenance, migrate
 from hermes_store.engine import ENV_BUSY_TIMEOUT, WalUnavailableWarning, create_store_engine
-from hermes_store.errors import DiskFull, StoreBusy, StoreReadOnly, UnsafePath
+from hermes_store.errors import (
+    DiskFull,
+    NotEnoughFreeSpace,
+    StoreBusy,
+    StoreReadOnly,
+    UnsafePath,
+)
 from hermes_store.fts import LAYOUT_MARKER
 from hermes_store.search import search_messages
 from hermes_store.store import NewMessage, Store
@@ -430,6 +441,177 @@ def test_optimize_storage_on_a_full_disk_keeps_finished_chunks_and_resumes(
         assert proc.returncode == 0, proc
         assert fts_problems(path) == {}
         assert searchable(path) == expected
+
+
+#: Free-space levels of the full-disk scan.
+SCAN_LEVELS = 20
+
+
+@pytest.fixture(scope="module")
+def scan_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A legacy store whose two inline copies (2 MiB) outgrow SQLite's page cache (2,000
+    KiB): the conversion's dirty pages spill to disk mid-statement, where a full disk used
+    to surface as 'no such savepoint' or 'vtable constructor failed' instead."""
+    return build_corpus_store(tmp_path_factory.mktemp("scan") / "legacy.db", 3000, seed=5)
+
+
+@pytest.fixture(scope="module")
+def scan_reference(scan_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
+    """The scan's store converted (revisions 21 and fts1): what a finished upgrade gives."""
+    path = copy_store(scan_template, tmp_path_factory.mktemp("scan-ref") / "state.db")
+    migrate.upgrade(str(path), app_version=21)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return snapshot(path)
+
+
+@pytest.mark.parametrize("up_front", [True, False], ids=["space-check", "no-space-check"])
+def test_a_full_disk_at_every_free_space_level_is_named_and_changes_nothing(
+    up_front: bool,
+    scan_template: Path,
+    scan_reference: Snapshot,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The in-place upgrade of a legacy store at 20 free-space levels, SQLite's temporary
+    files on the same small file system: each attempt upgrades the store, or fails in one
+    line naming the full disk, with every message there. Refused up front, saying what it
+    needs, the file is byte for byte as it was. Without that check (the space ran out
+    mid-statement: what the check cannot foresee), the store is wholly at its old revision;
+    there the full disk used to be reported as 'no such savepoint: sa_savepoint_3' or
+    'vtable constructor failed: messages_fts_trigram'."""
+    template = scan_template
+    original = fingerprint(template)
+    at_21 = snapshot(template)
+    messages = rows(template, "SELECT * FROM messages ORDER BY id")
+    size = template.stat().st_size
+    with (
+        tmpfs(tmp_path / "disk", 3 * size + (8 << 20)) as disk,
+        sqlite_temp_directory(disk / "tmp") as temp_dir,
+    ):
+        path = disk / "state.db"
+        copy_store(template, path)
+        filler = leave_free(disk, 256 << 10)
+        with pytest.raises(NotEnoughFreeSpace) as refused:
+            migrate.upgrade(str(path), app_version=21)
+        filler.unlink()
+        need = refused.value.needed
+        assert refused.value.where == str(disk)
+        # Schema pages only: the copies are set aside in the conversion's transaction and
+        # freed afterwards step by step, which gives way to a full disk.
+        assert need < size // 3
+        if not up_front:
+            monkeypatch.setattr(migrate, "check_upgrade_space", lambda *_a, **_k: None)
+        outcomes: list[tuple[int, str]] = []
+        # From almost nothing to a third more than the upgrade says it needs.
+        for level in range(SCAN_LEVELS):
+            free = 16 << 10 if level == 0 else need * 4 * level // (3 * (SCAN_LEVELS - 1))
+            copy_store(template, path)
+            filler = leave_free(disk, free)
+            if level == 0:  # even opening it needs space (its -shm): reading commands too
+                for reading in (["stats"], ["current"], ["check"]):
+                    assert_clean_failure(cli(*reading, "--db", path), "disk is full")
+            proc = cli("upgrade", "--db", path, "--app-version", "21")
+            filler.unlink()
+            assert rows(path, "SELECT * FROM messages ORDER BY id") == messages
+            if proc.returncode == 0:
+                outcomes.append((free, "upgraded"))
+                assert whole_revision(path, at_21, scan_reference) == "external"
+                continue
+            line = assert_clean_failure(proc, "disk is full")
+            if "needs about" in line:
+                outcomes.append((free, "refused"))
+                assert f"on {disk} (" in line, line
+                assert "nothing was changed" in line
+            else:
+                outcomes.append((free, "failed"))
+            if up_front or level == 0:
+                assert fingerprint(path) == original, (free, line)
+                wal = Path(f"{path}-wal")
+                assert not wal.exists() or wal.stat().st_size == 0
+            else:  # adopted (stamped 21) at most, the conversion rolled back whole
+                assert whole_revision(path, at_21, scan_reference) == "inline", (free, line)
+        assert list(temp_dir.iterdir()) == []  # SQLite removed its temporary files
+    upgraded = [free for free, kind in outcomes if kind == "upgraded"]
+    failed = [free for free, kind in outcomes if kind != "upgraded"]
+    assert upgraded, outcomes
+    assert failed, outcomes
+    if up_front:
+        assert {kind for _, kind in outcomes[1:]} == {"refused", "upgraded"}, outcomes
+    else:
+        assert {kind for _, kind in outcomes} == {"failed", "upgraded"}, outcomes
+        # The need said up front is enough, and not far above what the upgrade really took.
+        assert min(upgraded) <= need, outcomes
+        assert max(failed) < need, outcomes
+        # (or small anyway: an in-place conversion only writes schema pages)
+        assert max(failed) > need * 0.6 or need < 2 << 20, outcomes
+
+
+def test_a_full_temporary_directory_is_named_through_sqlite_tmpdir(
+    scan_template: Path, tmp_path: Path
+) -> None:
+    """The store on a roomy disk, SQLITE_TMPDIR (read by a real process at start) on a full
+    one: the upgrade is refused up front, naming the temporary directory's file system."""
+    path = copy_store(scan_template, tmp_path / "state.db")
+    with tmpfs(tmp_path / "tmp", 4 << 20) as temp_dir:
+        filler = leave_free(temp_dir, 256 << 10)
+        proc = run_cli(
+            "upgrade", "--db", path, "--app-version", "21", env={"SQLITE_TMPDIR": str(temp_dir)}
+        )
+        filler.unlink()
+        line = assert_clean_failure(proc, "disk is full", f"on {temp_dir} (", "temporary files")
+        assert "SQLITE_TMPDIR" in line
+    assert fingerprint(path) == fingerprint(scan_template)
+
+
+def test_an_upgrade_without_room_is_refused_before_anything_changes(
+    small_templates: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The space check, without a mount: the file system says 1 MiB is free."""
+    path = copy_store(small_templates["legacy"], tmp_path / "state.db")
+    before = fingerprint(path)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: real(where)._replace(free=1 << 20))
+    with pytest.raises(NotEnoughFreeSpace, match="disk is full") as refused:
+        migrate.upgrade(str(path))
+    assert isinstance(refused.value, DiskFull)
+    assert refused.value.free == 1 << 20
+    assert refused.value.needed > 1 << 20
+    assert "needs about" in str(refused.value)
+    assert "only 1.0 MiB is free" in str(refused.value)
+    # The command line and the bare `alembic` say the same in one line.
+    line = assert_clean_failure(cli("upgrade", "--db", path), "disk is full", "needs about")
+    assert "nothing was changed" in line
+    assert "in-place search conversion" in line
+    rebuild = assert_clean_failure(cli("upgrade", "--db", path, "--rebuild-fts"), "disk is full")
+    assert "rebuild search conversion" in rebuild
+    with pytest.raises(CommandError, match="disk is full"):
+        alembic_command.upgrade(migrate.alembic_config(x={"db": str(path)}), "head")
+    assert fingerprint(path) == before
+    wal = Path(f"{path}-wal")  # the read-only classification may leave it, empty
+    assert not wal.exists() or wal.stat().st_size == 0
+    # A backup to the same file system adds the store's size to the need.
+    needed = refused.value.needed
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda where: real(where)._replace(free=needed + (64 << 10))
+    )
+    with pytest.raises(NotEnoughFreeSpace, match="the backup"):
+        migrate.upgrade(str(path), backup_to=tmp_path / "backup.db")
+    assert fingerprint(path) == before
+    assert not (tmp_path / "backup.db").exists()
+    # With the space it says, it runs.
+    assert migrate.upgrade(str(path)).layout_after == "external"
+
+
+def test_no_space_check_at_head(
+    small_templates: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At head no step is pending: nothing to check, however full the disk looks."""
+    path = copy_store(small_templates["head"], tmp_path / "state.db")
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: real(where)._replace(free=0))
+    result = migrate.upgrade(str(path))
+    assert result.before == result.after == (migrate.head_revision(),)
 
 
 @pytest.fixture

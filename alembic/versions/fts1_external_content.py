@@ -42,9 +42,11 @@ records the layout in `state_meta` under `hermes_store.fts_layout` ('external', 
 'application' for the case above).
 
 Everything runs in the revision's transaction: interrupted at any point, the store keeps
-its inline indexes. A store whose indexes are already external is left
-as it is. Without the trigram tokenizer the word index converts alone; without FTS5 the
-triggers are dropped (writes keep working, search returns nothing) and a warning logged.
+its inline indexes. A full disk is never taken for a refusal: it fails the revision (no
+rebuild is tried), and the store keeps its inline indexes. A store whose indexes are
+already external is left as it is. Without the trigram tokenizer the word index converts
+alone; without FTS5 the triggers are dropped (writes keep working, search returns nothing)
+and a warning logged.
 
 Downgrade converts back to the inline layout, in place as well (the copies are refilled
 from the view) when each index holds exactly the view's ids, else by re-indexing.
@@ -405,6 +407,28 @@ def _layout(name: str) -> str:
     return "external" if "content=" in sql.replace(" ", "").lower() else "inline"
 
 
+#: SQLite's primary result code for a full disk (or a store at `max_page_count`).
+SQLITE_FULL = 13
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether SQLite ran out of space, here or in an error this one was raised from.
+
+    Such a failure is no refusal to take another way: SQLite may have rolled the whole
+    transaction back, and a rebuild writes far more than what did not fit.
+    """
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        orig = getattr(current, "orig", current)
+        code = getattr(orig, "sqlite_errorcode", None)
+        if (isinstance(code, int) and code & 0xFF == SQLITE_FULL) or "disk is full" in str(orig):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _refusal(sql: str) -> str | None:
     """Run `sql` in a SAVEPOINT that is always rolled back; return SQLite's refusal if any."""
     bind = _bind()
@@ -412,6 +436,8 @@ def _refusal(sql: str) -> str | None:
     try:
         bind.exec_driver_sql(sql)
     except sa.exc.OperationalError as exc:
+        if _disk_full(exc):
+            raise
         return str(exc.orig)
     finally:
         savepoint.rollback()
@@ -582,6 +608,8 @@ def _convert_in_place(name: str) -> str | None:
         op.execute(f"DROP TABLE IF EXISTS {name}{RETIRED_COPY_SUFFIX}")
         op.execute(f"ALTER TABLE {name}_content RENAME TO {name}{RETIRED_COPY_SUFFIX}")
     except (SchemaEditRefused, sa.exc.OperationalError) as exc:
+        if _disk_full(exc):
+            raise
         savepoint.rollback()
         return f"this SQLite refuses schema edits ({exc})"
     savepoint.commit()
@@ -763,6 +791,8 @@ def _revert(name: str) -> None:
             savepoint.commit()
             log.info("%s: converted back to inline in place", name)
         except (SchemaEditRefused, sa.exc.OperationalError) as exc:
+            if _disk_full(exc):
+                raise
             savepoint.rollback()
             op.execute(f"DROP TABLE IF EXISTS {name}")
             op.execute(INLINE_TABLES[name])
