@@ -27,13 +27,13 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import event
 
 from benchmarks import floor, layouts, workloads
 from benchmarks.layouts import EXTERNAL, INLINE, LAYOUTS, REBUILD, VARIANTS
-from hermes_store import storage
+from hermes_store import prepared, storage
 from hermes_store.search import accept_search_objects
 from hermes_store.store import Store
 
@@ -85,25 +85,56 @@ def written_bytes() -> float:
 
 
 class SqlTimer:
-    """Sum the time an engine spends executing SQL statements (BEGIN left out).
+    """Sum the time an engine spends executing SQL statements (BEGIN and COMMIT left out).
 
-    What remains of a write's wall time is the connection (NullPool: one per
-    transaction), COMMIT with its fsyncs and the checkpoint when the connection closes.
+    Statements reach SQLite two ways: through a SQLAlchemy Connection (its cursor events)
+    and, for the Store's own methods, through ``hermes_store.prepared.Driver.run``, which
+    no event sees: the timers wrap that method, once, and charge each engine's timer.
+    What remains of a write's wall time is the pool checkout, COMMIT with its fsyncs and
+    any checkpoint.
     """
+
+    _by_engine: ClassVar[dict[int, SqlTimer]] = {}
 
     def __init__(self, engine: Any) -> None:
         self.total = 0.0
         event.listen(engine, "before_cursor_execute", self._before)
         event.listen(engine, "after_cursor_execute", self._after)
+        SqlTimer._by_engine[id(engine)] = self
+        _time_prepared_statements()
+
+    @staticmethod
+    def _counted(statement: str) -> bool:
+        return not statement.lstrip()[:6].upper().startswith(("BEGIN", "COMMIT"))
 
     def _before(self, conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if not statement.lstrip()[:5].upper().startswith("BEGIN"):
+        if self._counted(statement):
             conn.info["hermes_bench_t0"] = time.perf_counter()
 
     def _after(self, conn: Any, *_args: Any) -> None:
         start = conn.info.pop("hermes_bench_t0", None)
         if start is not None:
             self.total += time.perf_counter() - start
+
+
+def _time_prepared_statements() -> None:
+    """Wrap Driver.run (once per process) so that SqlTimer sees the Store's statements."""
+    original = prepared.Driver.run
+    if getattr(original, "hermes_bench_timed", False):
+        return
+
+    def run(driver: prepared.Driver, sql: str, params: Sequence[Any] = ()) -> Any:
+        timer = SqlTimer._by_engine.get(id(driver.engine))
+        if timer is None or not SqlTimer._counted(sql):
+            return original(driver, sql, params)
+        start = time.perf_counter()
+        try:
+            return original(driver, sql, params)
+        finally:
+            timer.total += time.perf_counter() - start
+
+    run.hermes_bench_timed = True  # type: ignore[attr-defined]
+    prepared.Driver.run = run  # type: ignore[method-assign]
 
 
 # --------------------------------------------------------------------------------------
