@@ -485,8 +485,8 @@ class Store:
                     f"another session is already titled {title!r}: session titles are "
                     "unique, pick another one (or none)"
                 )
-            [row] = _read_sessions(db.execute(_insert_session(tuple(values)), **values))
-            return row
+            created = db.execute(_insert_session(tuple(values)), **values).fetchall()
+        return _read_sessions(created)[0]
 
     def append_message(self, session_id: str, message: NewMessage) -> int:
         """Append one message and bump the session's counters in the same transaction."""
@@ -582,8 +582,8 @@ class Store:
     def get_session(self, session_id: str) -> AgentSessionRecord | None:
         """One agent session, every column, or None when there is none with this id."""
         with driver(self.engine) as db:
-            rows = _read_sessions(db.execute(_SELECT_SESSION, id=session_id))
-        return rows[0] if rows else None
+            rows = db.execute(_SELECT_SESSION, id=session_id).fetchall()
+        return _read_sessions(rows)[0] if rows else None
 
     def messages(self, session_id: str, *, include_inactive: bool = True) -> list[MessageRecord]:
         """A session's messages in conversation order (timestamp, then id).
@@ -592,9 +592,8 @@ class Store:
         ones (active=0, compacted=1), which the UI history still shows.
         """
         with driver(self.engine) as db:
-            return _read_messages(
-                db.execute(_SELECT_MESSAGES[include_inactive], session_id=session_id)
-            )
+            rows = db.execute(_SELECT_MESSAGES[include_inactive], session_id=session_id).fetchall()
+        return _read_messages(rows)
 
     def list_sessions(
         self, *, limit: int = 50, offset: int = 0, source: str | None = None
@@ -602,8 +601,8 @@ class Store:
         """Sessions newest first, with their message and tool-call counts."""
         statement = _LIST_SESSIONS[source is not None]
         with driver(self.engine) as db:
-            page = db.execute(statement, limit=limit, offset=offset, source=source)
-            return _read_summaries(page)
+            rows = db.execute(statement, limit=limit, offset=offset, source=source).fetchall()
+        return _read_summaries(rows)
 
     def search(
         self,
