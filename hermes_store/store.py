@@ -373,9 +373,17 @@ class Store:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        writes = engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-        self._read = sessionmaker(engine, class_=_StoreSession, expire_on_commit=False)
-        self._write = sessionmaker(writes, class_=_StoreSession, expire_on_commit=False)
+
+    # The ORM session factories, made on first use: the Store's own methods run prepared
+    # statements, and opening a store should not pay for what it may never use.
+    @functools.cached_property
+    def _read(self) -> sessionmaker[Session]:
+        return sessionmaker(self.engine, class_=_StoreSession, expire_on_commit=False)
+
+    @functools.cached_property
+    def _write(self) -> sessionmaker[Session]:
+        writes = self.engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+        return sessionmaker(writes, class_=_StoreSession, expire_on_commit=False)
 
     @classmethod
     def open(cls, url: str | os.PathLike[str] | None = None, *, create: bool = False) -> Store:
@@ -386,8 +394,10 @@ class Store:
         return cls(create_store_engine(url, create=create))
 
     def close(self) -> None:
-        """Release the store's connections."""
-        self.engine.dispose()
+        """Release the store's connections (the engine stays usable: it reconnects)."""
+        # The pool's own dispose: Engine.dispose() would also build a replacement pool,
+        # a third of what opening the store cost.
+        self.engine.pool.dispose()
 
     def __enter__(self) -> Store:
         return self
