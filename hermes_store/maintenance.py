@@ -32,6 +32,7 @@ from hermes_store.fts import (
     present_indexes,
     repair_index,
     restore_mechanism,
+    segment_count,
 )
 
 log = logging.getLogger(__name__)
@@ -180,8 +181,11 @@ def optimize(
     with sqlite_errors(path):
         with engine.connect() as conn:
             names = present_indexes(conn)
+            # One segment is as merged as an index gets: nothing to do, no write lock to
+            # wait for (FTS5 would only take the lock to find that out).
+            unmerged = [name for name in names if segment_count(conn, name) not in (0, 1)]
             conn.rollback()
-            for name in names:
+            for name in unmerged:
                 say(f"merging {name}")
                 if vacuum:
                     with _writing(conn, locks):  # waits for the agent's write lock
