@@ -79,9 +79,13 @@ class Prepared:
 class Driver:
     """The DBAPI connection of a pooled connection, running prepared statements."""
 
-    def __init__(self, engine: Engine, connection: sqlite3.Connection) -> None:
+    def __init__(
+        self, engine: Engine, connection: sqlite3.Connection, info: dict[Any, Any]
+    ) -> None:
         self.engine = engine
         self.connection = connection
+        #: The pooled connection's own dict (``Connection.info`` of the same connection).
+        self.info = info
         self._log = engine.logger.isEnabledFor(logging.INFO)
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
@@ -115,7 +119,7 @@ def driver(engine: Engine, *, write: bool = False) -> Iterator[Driver]:
     """
     pooled = engine.raw_connection()
     try:
-        runner = Driver(engine, pooled.driver_connection)  # type: ignore[arg-type]
+        runner = Driver(engine, pooled.driver_connection, pooled.info)  # type: ignore[arg-type]
         if not write:
             yield runner
             return

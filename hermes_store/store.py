@@ -65,7 +65,7 @@ from hermes_store.records import (
     SessionSummary,
     row_reader,
 )
-from hermes_store.search import SearchResults, search_messages
+from hermes_store.search import SearchResults, search_store
 
 __all__ = [
     "MULTIMODAL_PREFIX",
@@ -632,18 +632,17 @@ class Store:
         application ranks them; ``results.degraded`` says when a damaged index made the
         search fall back to a scan.
         """
-        with self.engine.connect() as conn:
-            return search_messages(
-                conn,
-                query,
-                source_filter=source_filter,
-                exclude_sources=exclude_sources,
-                role_filter=role_filter,
-                limit=limit,
-                offset=offset,
-                sort=sort,
-                include_inactive=include_inactive,
-            )
+        return search_store(
+            self.engine,
+            query,
+            source_filter=source_filter,
+            exclude_sources=exclude_sources,
+            role_filter=role_filter,
+            limit=limit,
+            offset=offset,
+            sort=sort,
+            include_inactive=include_inactive,
+        )
 
 
 def _message_row(session_id: str, message: NewMessage) -> tuple[Any, ...]:
