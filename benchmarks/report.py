@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gc
 import itertools
 import json
 import os
@@ -28,13 +27,13 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import event
 
-from benchmarks import layouts, workloads
+from benchmarks import floor, layouts, workloads
 from benchmarks.layouts import EXTERNAL, INLINE, LAYOUTS, REBUILD, VARIANTS
-from hermes_store import storage
+from hermes_store import prepared, storage
 from hermes_store.search import accept_search_objects
 from hermes_store.store import Store
 
@@ -73,22 +72,6 @@ def rotated(items: Sequence[str], shift: int) -> list[str]:
     return [*items[shift:], *items[:shift]]
 
 
-class Quiet:
-    """Flush dirty pages and collect the garbage, then keep the collector off while timing.
-
-    Without the sync, fsyncs of the timed transactions would also write back whatever a
-    preceding file copy left dirty (ext4's ordered mode), which is noise, not layout cost.
-    """
-
-    def __enter__(self) -> None:
-        os.sync()
-        gc.collect()
-        gc.disable()
-
-    def __exit__(self, *exc: object) -> None:
-        gc.enable()
-
-
 def written_bytes() -> float:
     """Bytes this process has sent to storage so far (Linux /proc/self/io), else 0."""
     try:
@@ -102,25 +85,56 @@ def written_bytes() -> float:
 
 
 class SqlTimer:
-    """Sum the time an engine spends executing SQL statements (BEGIN left out).
+    """Sum the time an engine spends executing SQL statements (BEGIN and COMMIT left out).
 
-    What remains of a write's wall time is the connection (NullPool: one per
-    transaction), COMMIT with its fsyncs and the checkpoint when the connection closes.
+    Statements reach SQLite two ways: through a SQLAlchemy Connection (its cursor events)
+    and, for the Store's own methods, through ``hermes_store.prepared.Driver.run``, which
+    no event sees: the timers wrap that method, once, and charge each engine's timer.
+    What remains of a write's wall time is the pool checkout, COMMIT with its fsyncs and
+    any checkpoint.
     """
+
+    _by_engine: ClassVar[dict[int, SqlTimer]] = {}
 
     def __init__(self, engine: Any) -> None:
         self.total = 0.0
         event.listen(engine, "before_cursor_execute", self._before)
         event.listen(engine, "after_cursor_execute", self._after)
+        SqlTimer._by_engine[id(engine)] = self
+        _time_prepared_statements()
+
+    @staticmethod
+    def _counted(statement: str) -> bool:
+        return not statement.lstrip()[:6].upper().startswith(("BEGIN", "COMMIT"))
 
     def _before(self, conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if not statement.lstrip()[:5].upper().startswith("BEGIN"):
+        if self._counted(statement):
             conn.info["hermes_bench_t0"] = time.perf_counter()
 
     def _after(self, conn: Any, *_args: Any) -> None:
         start = conn.info.pop("hermes_bench_t0", None)
         if start is not None:
             self.total += time.perf_counter() - start
+
+
+def _time_prepared_statements() -> None:
+    """Wrap Driver.run (once per process) so that SqlTimer sees the Store's statements."""
+    original = prepared.Driver.run
+    if getattr(original, "hermes_bench_timed", False):
+        return
+
+    def run(driver: prepared.Driver, sql: str, params: Sequence[Any] = ()) -> Any:
+        timer = SqlTimer._by_engine.get(id(driver.engine))
+        if timer is None or not SqlTimer._counted(sql):
+            return original(driver, sql, params)
+        start = time.perf_counter()
+        try:
+            return original(driver, sql, params)
+        finally:
+            timer.total += time.perf_counter() - start
+
+    run.hermes_bench_timed = True  # type: ignore[attr-defined]
+    prepared.Driver.run = run  # type: ignore[method-assign]
 
 
 # --------------------------------------------------------------------------------------
@@ -131,8 +145,17 @@ class SqlTimer:
 class SizeRun:
     """All measurements at one corpus size."""
 
-    def __init__(self, size: int, directory: Path, repeat: int, heavy_repeat: int, seed: int):
+    def __init__(
+        self,
+        size: int,
+        directory: Path,
+        repeat: int,
+        heavy_repeat: int,
+        seed: int,
+        floor_rounds: int = floor.ROUNDS,
+    ):
         self.size = size
+        self.floor_rounds = floor_rounds
         self.directory = directory
         self.repeat = repeat
         self.heavy_repeat = heavy_repeat
@@ -148,12 +171,17 @@ class SizeRun:
         self.samples[layout][key] = samples
         self.figures[layout][key] = value
 
-    def run(self, *, pathological: bool) -> dict[str, Any]:
+    def run(self, *, pathological: bool, floor_only: bool = False) -> dict[str, Any]:
+        if floor_only:
+            self.build((INLINE, EXTERNAL))
+            self.measure_floor()
+            return self.data
         self.build()
         self.measure_storage()
         self.measure_parity(pathological=pathological)
         self.measure_search()
         self.measure_writes()
+        self.measure_floor()
         self.measure_conversion()
         self.measure_optimize()
         self.data["figures"] = self.figures
@@ -162,8 +190,8 @@ class SizeRun:
 
     # -- stores -----------------------------------------------------------------------
 
-    def build(self) -> None:
-        log(f"{self.size}: generating the corpus and building {len(LAYOUTS)} layouts")
+    def build(self, which: Sequence[str] = LAYOUTS) -> None:
+        log(f"{self.size}: generating the corpus and building {len(which)} layouts")
         corpus = self.stores.corpus
         roles: dict[str, int] = {}
         for message in corpus.messages:
@@ -175,7 +203,7 @@ class SizeRun:
             "roles": roles,
         }
         builds = {}
-        for layout in LAYOUTS:
+        for layout in which:
             self.stores.base(layout)
             info = self.stores.builds[layout]
             builds[layout] = round(info.seconds, 3)
@@ -245,7 +273,7 @@ class SizeRun:
                 for _query_class, query in queries:
                     hits[layout][query] = len(workloads.measure_search(conns[layout], query)[2])
             for round_no in range(rounds):
-                with Quiet():
+                with workloads.Quiet():
                     # Each query runs on every layout back to back (the order rotating), so
                     # a burst of load on this shared machine hits all layouts alike.
                     for index, (query_class, query) in enumerate(queries):
@@ -319,7 +347,7 @@ class SizeRun:
         sql = dict.fromkeys(LAYOUTS, 0.0)
         written = dict.fromkeys(LAYOUTS, 0.0)
         self._probe_fsync()
-        with Quiet():
+        with workloads.Quiet():
             for index, operation in enumerate(operations):
                 for layout in rotated(LAYOUTS, shift + index):
                     timer = self.sql_timers[layout]
@@ -449,6 +477,19 @@ class SizeRun:
                 io[layout].append(written[layout])
         self._record_pair("delete", timings, sql_timings, io)
 
+    # -- the data layer against raw sqlite3 ----------------------------------------------
+
+    def measure_floor(self) -> None:
+        log(
+            f"{self.size}: the data layer against raw sqlite3, {len(floor.OPERATIONS)} "
+            f"operations, {self.floor_rounds} interleaved rounds"
+        )
+        directory = self.work / "floor"
+        with floor.Floor(directory, self.stores.base(EXTERNAL), self.floor_rounds, self.seed) as f:
+            comparisons = f.compare(log=log)
+        shutil.rmtree(directory, ignore_errors=True)
+        self.data["floor"] = {c.name: c.as_dict() for c in comparisons}
+
     # -- conversion ---------------------------------------------------------------------
 
     def measure_conversion(self) -> None:
@@ -461,7 +502,7 @@ class SizeRun:
             probe = round_no == self.heavy_repeat  # the last run: lock probe, untimed
             for name in rotated(list(runs), round_no):
                 target = layouts.copy_store(source, self.work / f"convert-{next(counter)}.db")
-                with Quiet():
+                with workloads.Quiet():
                     conversion = workloads.convert(target, rebuild=name == "rebuild", probe=probe)
                 if probe:
                     locks[name] = float(conversion.lock_seconds or 0.0)
@@ -489,7 +530,7 @@ class SizeRun:
         for round_no in range(self.heavy_repeat):
             for layout in rotated(LAYOUTS, round_no):
                 target = self.stores.copy(layout, self.work / f"optimize-{layout}.db")
-                with Quiet():
+                with workloads.Quiet():
                     seconds, result = workloads.optimize(target)
                 timings[layout].append(seconds)
                 after[layout] = result.bytes_after
@@ -667,6 +708,85 @@ def check_targets(size_data: dict[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
+def check_floor(floor_data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every operation with a target: data layer / raw sqlite3 CPU time at most MAX_RATIO."""
+    return [
+        {
+            "operation": name,
+            "target": f"{name}: CPU time at most {floor.MAX_RATIO:.2f}× raw sqlite3",
+            "measured": f"{data['ratio']['cpu']:.3f}× CPU, {data['ratio']['wall']:.3f}× wall",
+            "pass": data["ratio"]["cpu"] <= floor.MAX_RATIO,
+        }
+        for name, data in floor_data.items()
+        if data["target"]
+    ]
+
+
+def _floor_cell(samples: list[float]) -> str:
+    """Median in ms, with the range when the samples are noisy."""
+    mid = median(samples)
+    text = fmt_value(mid * 1000, "ms")
+    if (max(samples) - min(samples)) / mid > floor.NOISY_SPREAD:
+        text += f" ({min(samples) * 1000:.3g}–{max(samples) * 1000:.3g})"
+    return text
+
+
+def render_floor(size: int, floor_data: dict[str, Any]) -> list[str]:
+    """The data layer against raw sqlite3 at one size: the headline and the table."""
+    targets = check_floor(floor_data)
+    missed = [t["operation"] for t in targets if not t["pass"]]
+    rounds = len(next(iter(floor_data.values()))["samples"][floor.RAW]["cpu"])
+    lines = [
+        f"## The data layer against raw sqlite3 at {_label(size)} messages",
+        "",
+        f"**All {len(targets)} operations within {floor.MAX_RATIO:.2f}× of raw sqlite3 (CPU).**"
+        if not missed
+        else f"**{len(targets) - len(missed)} of {len(targets)} operations within "
+        f"{floor.MAX_RATIO:.2f}× of raw sqlite3 (CPU); MISSED: {'; '.join(missed)}.**",
+        "",
+        f"`external` store, one copy per side; each operation on both sides back to back, "
+        f"the side that goes first alternating, {rounds} rounds after a warm-up; medians per "
+        f"sample (what a sample does: `benchmarks/floor.py`), in ms, with the range "
+        f"(min–max) where it is wider than {floor.NOISY_SPREAD:.0%} of the median.",
+        "",
+    ]
+    rows = []
+    for name, data in floor_data.items():
+        samples = data["samples"]
+        ratio_cpu, ratio_wall = data["ratio"]["cpu"], data["ratio"]["wall"]
+        result = "—"
+        if data["target"]:
+            result = "PASS" if ratio_cpu <= floor.MAX_RATIO else "**MISS**"
+        rows.append(
+            [
+                name,
+                data["sample"],
+                _floor_cell(samples[floor.DATA_LAYER]["cpu"]),
+                _floor_cell(samples[floor.RAW]["cpu"]),
+                fmt_ratio(ratio_cpu),
+                _floor_cell(samples[floor.DATA_LAYER]["wall"]),
+                _floor_cell(samples[floor.RAW]["wall"]),
+                fmt_ratio(ratio_wall),
+                result,
+            ]
+        )
+    lines += _table(
+        [
+            "operation",
+            "sample",
+            "data layer CPU",
+            "raw CPU",
+            "CPU ratio",
+            "data layer wall",
+            "raw wall",
+            "wall ratio",
+            "result",
+        ],
+        rows,
+    )
+    return lines
+
+
 # --------------------------------------------------------------------------------------
 # Markdown
 # --------------------------------------------------------------------------------------
@@ -682,10 +802,28 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return lines
 
 
+def _floor_sections(results: dict[str, Any]) -> list[str]:
+    """The data layer against raw sqlite3, largest size first."""
+    lines: list[str] = []
+    for size in sorted((int(s) for s in results["sizes"]), reverse=True):
+        if "floor" in results["sizes"][str(size)]:
+            lines += ["", *render_floor(size, results["sizes"][str(size)]["floor"])]
+    return lines
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     sizes = sorted(int(s) for s in results["sizes"])
     largest = str(sizes[-1])
     meta = results["meta"]
+    if meta.get("floor_only"):
+        header = [
+            "# hermes-store: the data layer against raw sqlite3",
+            "",
+            f"Generated {meta['date']} on {meta['platform']}, Python {meta['python']}, "
+            f"SQLite {meta['sqlite']}, {meta['cpus']} CPUs; commit {meta['commit']}. "
+            f"Corpus: `hermes_store.corpus.generate(n, seed={meta['seed']})`.",
+        ]
+        return "\n".join(header + _floor_sections(results)) + "\n"
     lines: list[str] = [
         "# hermes-store search layouts: benchmark report",
         "",
@@ -764,6 +902,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         ]
     if results.get("analysis"):
         lines += ["", *results["analysis"]]
+    lines += _floor_sections(results)
 
     # Per-size tables
     for size in sizes:
@@ -1094,6 +1233,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the stores afterwards")
     parser.add_argument(
+        "--floor-only",
+        action="store_true",
+        help="measure only the data layer against raw sqlite3 (on the external store)",
+    )
+    parser.add_argument(
+        "--floor-rounds",
+        type=int,
+        default=floor.ROUNDS,
+        help=f"interleaved rounds of the raw sqlite3 comparison (default {floor.ROUNDS})",
+    )
+    parser.add_argument(
         "--render-only",
         action="store_true",
         help="measure nothing: rewrite report.md / report.png from --out's report.json",
@@ -1120,13 +1270,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             "repeat": args.repeat,
             "heavy_repeat": args.heavy_repeat,
             "sizes": args.sizes,
+            "floor_only": args.floor_only,
         },
         "sizes": {},
     }
     try:
         for index, size in enumerate(args.sizes):
-            run = SizeRun(size, workdir / str(size), args.repeat, args.heavy_repeat, args.seed)
-            results["sizes"][str(size)] = run.run(pathological=index == 0)
+            run = SizeRun(
+                size,
+                workdir / str(size),
+                args.repeat,
+                args.heavy_repeat,
+                args.seed,
+                floor_rounds=args.floor_rounds,
+            )
+            results["sizes"][str(size)] = run.run(
+                pathological=index == 0, floor_only=args.floor_only
+            )
             if not args.keep:
                 shutil.rmtree(workdir / str(size), ignore_errors=True)
     finally:
@@ -1141,12 +1301,20 @@ def render(results: dict[str, Any], out: Path) -> int:
     """Write report.md, report.json and report.png (when matplotlib is there); print the table."""
     out.mkdir(parents=True, exist_ok=True)
     largest = max(results["sizes"], key=int)
+    floor_data = results["sizes"][largest].get("floor")
+    results["floor_targets"] = check_floor(floor_data) if floor_data else []
+    if results["meta"].get("floor_only"):
+        return _write(results, out)
     results["targets"] = check_targets(results["sizes"][largest])
     results.pop("chart", None)
     if render_chart(results, out / "report.png"):
         results["chart"] = "report.png"
     else:
         log("matplotlib is not installed (pip install 'hermes-store[chart]'): no chart")
+    return _write(results, out)
+
+
+def _write(results: dict[str, Any], out: Path) -> int:
     markdown = render_markdown(results)
     (out / "report.md").write_text(markdown, encoding="utf-8")
     (out / "report.json").write_text(json.dumps(results, indent=1, default=str), "utf-8")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import layouts, workloads
+from benchmarks import layouts, raw, workloads
 from hermes_store.store import Store, count_tool_calls
 
 ROUNDS = 3
@@ -122,12 +122,8 @@ def test_append_bulk_store(benchmark, store_set, layout, tmp_path, bulk_batch):
 @pytest.mark.parametrize("layout", BULK_LAYOUTS)
 def test_append_bulk_legacy_sqlite3(benchmark, store_set, layout, tmp_path, bulk_batch):
     """The reference: the legacy application's per-message INSERT and UPDATE, raw sqlite3."""
-    _bulk(
-        benchmark,
-        store_set,
-        layout,
-        tmp_path,
-        bulk_batch,
-        workloads.legacy_connect,
-        workloads.legacy_append,
-    )
+
+    def append(conn, batch):
+        return raw.append_messages(conn, batch.session_id, batch.messages)
+
+    _bulk(benchmark, store_set, layout, tmp_path, bulk_batch, raw.connect, append)

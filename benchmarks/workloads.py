@@ -2,16 +2,16 @@
 
 Everything writes through the library's API (``Store``, ``migrate.upgrade``,
 ``maintenance.optimize``) or reads through ``search_messages`` / ``storage_report``, as the
-application does; only picking the rows to work on uses plain SQL. The one exception is
-:func:`legacy_append`, the reference the bulk append is measured against: the statements
-the legacy application runs for each message, through the plain ``sqlite3`` module.
+application does; only picking the rows to work on uses plain SQL. What the data layer is
+measured against, the legacy application's own statements through the plain ``sqlite3``
+module, is ``benchmarks/raw.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
-import json
 import multiprocessing
 import os
 import sqlite3
@@ -29,7 +29,7 @@ from hermes_store import corpus as corpus_mod
 from hermes_store import fts, maintenance, storage
 from hermes_store.engine import create_store_engine
 from hermes_store.search import accept_search_objects, sanitize_query, search_messages
-from hermes_store.store import NewMessage, Store, count_tool_calls, encode_content
+from hermes_store.store import NewMessage, Store
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,18 +51,21 @@ APPEND_BATCH_SIZE = 50  # ... of this many messages each
 APPEND_SEED_OFFSET = 1_000  # the appended messages come from another corpus
 BULK_APPEND = 20_000  # messages of one `append_messages` call, against the legacy writer
 
-#: What the legacy application runs for each message it appends (its SessionDB's
-#: append_message): the row, then the session's counters, in the caller's transaction.
-LEGACY_INSERT_MESSAGE = (
-    "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
-    "timestamp, token_count, finish_reason, reasoning, platform_message_id) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-LEGACY_BUMP_MESSAGES = "UPDATE sessions SET message_count = message_count + 1 WHERE id = ?"
-LEGACY_BUMP_MESSAGES_AND_CALLS = (
-    "UPDATE sessions SET message_count = message_count + 1, "
-    "tool_call_count = tool_call_count + ? WHERE id = ?"
-)
+
+class Quiet:
+    """Flush dirty pages and collect the garbage, then keep the collector off while timing.
+
+    Without the sync, fsyncs of the timed transactions would also write back whatever a
+    preceding file copy left dirty (ext4's ordered mode), which is noise, not layout cost.
+    """
+
+    def __enter__(self) -> None:
+        os.sync()
+        gc.collect()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        gc.enable()
 
 
 def isolate_environment(home: Path) -> None:
@@ -175,55 +178,6 @@ def append_batched(store: Store, batch: AppendBatch, batch_size: int) -> list[in
     messages = batch.messages
     for start in range(0, len(messages), batch_size):
         ids += store.append_messages(batch.session_id, messages[start : start + batch_size])
-    return ids
-
-
-def legacy_connect(path: Path) -> sqlite3.Connection:
-    """A plain sqlite3 connection with the engine's PRAGMAs (the same trigger work)."""
-    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
-    conn.execute("PRAGMA busy_timeout=30000")
-    conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("PRAGMA recursive_triggers=ON")
-    return conn
-
-
-def legacy_append(conn: sqlite3.Connection, batch: AppendBatch) -> list[int]:
-    """Append a batch as the legacy application does, in one transaction: per message an
-    INSERT and an UPDATE of the session's counters, through the plain sqlite3 module."""
-    ids: list[int] = []
-    sid = batch.session_id
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for m in batch.messages:
-            tool_calls = m.tool_calls
-            if isinstance(tool_calls, list):
-                tool_calls = json.dumps(tool_calls, ensure_ascii=False)
-            cursor = conn.execute(
-                LEGACY_INSERT_MESSAGE,
-                (
-                    sid,
-                    m.role,
-                    encode_content(m.content),
-                    m.tool_call_id,
-                    tool_calls,
-                    m.tool_name,
-                    time.time() if m.timestamp is None else m.timestamp,
-                    m.token_count,
-                    m.finish_reason,
-                    m.reasoning,
-                    m.platform_message_id,
-                ),
-            )
-            ids.append(int(cursor.lastrowid or 0))
-            calls = count_tool_calls(m.tool_calls)
-            if calls:
-                conn.execute(LEGACY_BUMP_MESSAGES_AND_CALLS, (calls, sid))
-            else:
-                conn.execute(LEGACY_BUMP_MESSAGES, (sid,))
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     return ids
 
 

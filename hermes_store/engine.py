@@ -441,6 +441,9 @@ def create_store_engine(
                     "`hermes-store upgrade --create`."
                 )
             create_private_file(path)
+        # Once per engine, before SQLite opens the file: the -wal, -shm and -journal files
+        # SQLite creates later take the store's own mode (0600 from here on), so its
+        # connections need not check again.
         tighten_permissions(path)
     engine = create_engine(
         resolved,
@@ -474,8 +477,6 @@ def _install_listeners(
         dbapi_connection.execute("PRAGMA recursive_triggers=ON")
         if wal:
             _set_journal_mode(dbapi_connection, path)
-        if path is not None:
-            tighten_permissions(path)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:

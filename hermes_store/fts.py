@@ -304,6 +304,45 @@ def _checks_on_snapshot(
             snapshot.dispose()
 
 
+#: The rowid of an FTS5 index's structure record in its `_data` table, and the marker its
+#: second version starts with (SQLite 3.42+).
+_STRUCTURE_ROWID = 10
+_STRUCTURE_V2 = b"\xff\x00\x00\x01"
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    """One SQLite varint of ``data`` at ``at``: (value, position after it)."""
+    value = 0
+    for offset in range(9):
+        byte = data[at + offset]
+        if offset == 8:
+            return (value << 8) | byte, at + 9
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            return value, at + offset + 1
+    raise AssertionError("unreachable")
+
+
+def segment_count(conn: Connection, name: str) -> int | None:
+    """How many segments an FTS5 index has on disk (1: fully merged), or None when its
+    structure record cannot be read (then treat it as not merged).
+
+    The structure record is a 4-byte cookie (and, from SQLite 3.42, a version marker),
+    then the number of levels and the number of segments on all levels, as varints.
+    """
+    block = conn.exec_driver_sql(
+        f"SELECT block FROM {name}_data WHERE id = {_STRUCTURE_ROWID}"
+    ).scalar()
+    if not isinstance(block, bytes):
+        return None
+    try:
+        at = 8 if block[4:8] == _STRUCTURE_V2 else 4
+        _levels, at = _varint(block, at)
+        return _varint(block, at)[0]
+    except IndexError:
+        return None
+
+
 def optimize_index(conn: Connection, name: str) -> None:
     """Merge an index's segments into one (FTS5 'optimize')."""
     conn.exec_driver_sql(f"INSERT INTO {name}({name}) VALUES ('optimize')")

@@ -31,6 +31,7 @@ from hermes_store.fts import (
     repair_index,
     restore_mechanism,
     retired_indexes,
+    segment_count,
     staged_indexes,
 )
 from hermes_store.revisions import fts_conversion
@@ -181,6 +182,9 @@ def optimize(
         with engine.connect() as conn:
             # A legacy index being rebuilt beside itself is not merged: it is to be dropped.
             names = [name for name in present_indexes(conn) if name not in staged_indexes(conn)]
+            # One segment is as merged as an index gets: nothing to do, no write lock to
+            # wait for (FTS5 would only take the lock to find that out).
+            unmerged = [name for name in names if segment_count(conn, name) not in (0, 1)]
             retired = retired_indexes(conn)
             leftover = conn.execute(
                 text("SELECT 1 FROM sqlite_master WHERE name = :log"),
@@ -194,7 +198,7 @@ def optimize(
             if retired:  # set aside by a conversion or a swap; dropped before the merges
                 say(f"dropping {', '.join(retired)}")
                 _drop_retired(conn, retired, locks, whole=bool(vacuum))
-            for name in names:
+            for name in unmerged:
                 say(f"merging {name}")
                 if vacuum:
                     with _writing(conn, locks):  # waits for the agent's write lock

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import heapq
 import json
@@ -11,9 +10,9 @@ import logging
 import re
 import sqlite3
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypedDict, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -32,14 +31,15 @@ from sqlalchemy import (
     or_,
     select,
     table,
+    tuple_,
 )
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.expression import TableClause
 
 from hermes_store import fts
 from hermes_store.errors import QueryTooComplex, UnsupportedLayout
+from hermes_store.prepared import Driver, Prepared, driver
 
 __all__ = [
     "MAX_QUERY_CHARS",
@@ -54,6 +54,7 @@ __all__ = [
     "match_selectable",
     "sanitize_query",
     "search_messages",
+    "search_store",
     "without_repeats",
 ]
 
@@ -116,40 +117,41 @@ _sessions = table(
 _m = _messages.alias("m")
 _s = _sessions.alias("s")
 _sqlite_master = table("sqlite_master", column("type", String), column("name", String))
+#: Each index in the table of its own name: the tables a store at head has.
+_OWN_TABLES = {WORD_INDEX: WORD_INDEX, TRIGRAM_INDEX: TRIGRAM_INDEX}
 
-
-def _index_table(name: str) -> TableClause:
-    return table(name, column("rowid", Integer), column("rank", Float))
-
-
-_indexes = {name: _index_table(name) for name in (WORD_INDEX, TRIGRAM_INDEX)}
-
-# The context window of a hit ``t``: the ids of its session's previous and next messages in
-# (timestamp, id) order, every row of the session included whatever its visibility flags.
+# The context windows of hits ``t``: each hit with its session's previous and next
+# messages in (timestamp, id) order, every row of the session whatever its visibility flags,
+# in one statement (per chunk of hits).
 _target = _messages.alias("t")
 _other = _messages.alias("n")
-_same_time = _other.c.timestamp == _target.c.timestamp
+_window_row = _messages.alias("w")
+# Row values, not (a < b OR a = b AND ...): SQLite then seeks the session's index
+# (session_id, timestamp) to the neighbour instead of reading the whole session.
+_target_key = tuple_(_target.c.timestamp, _target.c.id)
+_other_key = tuple_(_other.c.timestamp, _other.c.id)
 _previous_id = (
     select(_other.c.id)
-    .where(
-        _other.c.session_id == _target.c.session_id,
-        or_(_other.c.timestamp < _target.c.timestamp, and_(_same_time, _other.c.id < _target.c.id)),
-    )
+    .where(_other.c.session_id == _target.c.session_id, _other_key < _target_key)
     .order_by(_other.c.timestamp.desc(), _other.c.id.desc())
     .limit(1)
     .scalar_subquery()
 )
 _next_id = (
     select(_other.c.id)
-    .where(
-        _other.c.session_id == _target.c.session_id,
-        or_(_other.c.timestamp > _target.c.timestamp, and_(_same_time, _other.c.id > _target.c.id)),
-    )
+    .where(_other.c.session_id == _target.c.session_id, _other_key > _target_key)
     .order_by(_other.c.timestamp.asc(), _other.c.id.asc())
     .limit(1)
     .scalar_subquery()
 )
-_window = select(_target.c.id, _previous_id, _next_id)
+_CONTEXT_WINDOWS = Prepared.of(
+    select(_target.c.id, _window_row.c.role, _window_row.c.content)
+    .select_from(
+        _target.join(_window_row, _window_row.c.id.in_([_target.c.id, _previous_id, _next_id]))
+    )
+    .where(_target.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(_target.c.id, _window_row.c.timestamp, _window_row.c.id)
+)
 
 
 class ContextMessage(TypedDict):
@@ -197,13 +199,6 @@ class _Route:
     index: str | None
     match: str
     like_tokens: tuple[str, ...]
-    #: The table that holds the index, when it is rebuilt beside a legacy one.
-    table: str | None = None
-
-    @property
-    def source(self) -> str | None:
-        """The FTS5 table the route reads: ``table`` or else ``index``."""
-        return self.table or self.index
 
 
 @dataclass(frozen=True)
@@ -214,6 +209,24 @@ class _Filters:
     source_filter: Sequence[str] | None = None
     exclude_sources: Sequence[str] | None = None
     role_filter: Sequence[str] | None = None
+
+    def given(self, *, visibility: bool) -> tuple[bool, bool, bool, bool]:
+        """Which WHERE terms apply (visibility only where the path has it): the part of a
+        statement's shape the filters decide."""
+        return (
+            visibility and not self.include_inactive,
+            self.source_filter is not None,
+            self.exclude_sources is not None,
+            bool(self.role_filter),
+        )
+
+    def values(self) -> dict[str, Any]:
+        """The values of the filter terms' parameters."""
+        return {
+            "sources": list(self.source_filter or ()),
+            "excluded": list(self.exclude_sources or ()),
+            "roles": list(self.role_filter or ()),
+        }
 
 
 def _is_cjk(char: str) -> bool:
@@ -363,18 +376,19 @@ def _escape_like(token: str) -> str:
     return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _filter_criteria(filters: _Filters, *, visibility: bool) -> list[ColumnElement[bool]]:
-    """Build the WHERE terms of the caller's filters (visibility only where the path has it)."""
+def _filter_criteria(given: tuple[bool, bool, bool, bool]) -> list[ColumnElement[bool]]:
+    """The WHERE terms of the filters given (see _Filters.given), values left as parameters."""
+    visible_only, sources, excluded, roles = given
     criteria: list[ColumnElement[bool]] = []
-    if visibility and not filters.include_inactive:
+    if visible_only:
         one = literal_column("1", Integer)
         criteria.append(or_(_m.c.active == one, _m.c.compacted == one))
-    if filters.source_filter is not None:
-        criteria.append(_s.c.source.in_(list(filters.source_filter)))
-    if filters.exclude_sources is not None:
-        criteria.append(_s.c.source.not_in(list(filters.exclude_sources)))
-    if filters.role_filter:
-        criteria.append(_m.c.role.in_(list(filters.role_filter)))
+    if sources:
+        criteria.append(_s.c.source.in_(bindparam("sources", expanding=True)))
+    if excluded:
+        criteria.append(_s.c.source.not_in(bindparam("excluded", expanding=True)))
+    if roles:
+        criteria.append(_m.c.role.in_(bindparam("roles", expanding=True)))
     return criteria
 
 
@@ -391,69 +405,178 @@ def _reduced(tokens: Sequence[str]) -> list[str]:
     ]
 
 
-def _hits_select(
-    route: _Route, filters: _Filters, *, like_function: str | None = None
-) -> Select[*tuple[Any, ...]]:
-    """Select ``id``, ``rank`` and ``snippet`` of the messages a route matches, filtered."""
-    if route.source is not None:
-        index = _indexes[route.source] if route.source in _indexes else _index_table(route.source)
-        snippet = literal_column(f"snippet({route.source}, 0, '>>>', '<<<', '...', 40)", String)
-        matches = literal_column(route.source).op("MATCH")(
-            bindparam("match", route.match, String, unique=True)
-        )
-        return (
-            select(_m.c.id, index.c.rank.label("rank"), snippet.label("snippet"))
+#: Up to this many tokens (NUL-free) the LIKE scan runs SQL LIKE conditions, one per
+#: token, as the legacy application does; beyond, one Python function tests them all at
+#: once (see _like_any_registered). At 50k messages one LIKE token costs about 45 ms, the
+#: function about 280 ms whatever the number of tokens.
+SQL_LIKE_TOKENS = 4
+#: How the LIKE scan tests more than SQL_LIKE_TOKENS tokens without a Python function.
+_JSON_PATTERNS = "json_each"
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What the SQL of a search statement depends on (never the values it runs with).
+
+    Statements are built and compiled once per shape (:func:`_prepared`), then run with
+    their values as parameters.
+    """
+
+    #: The FTS5 table the route reads (from _index_tables), or None: the LIKE scan.
+    table: str | None
+    #: _Filters.given: visibility, source, excluded source, role terms.
+    filters: tuple[bool, bool, bool, bool]
+    #: Select FTS5's rank (pending rows are merged by it); ordering by it needs no column.
+    rank: bool = False
+    #: The contract's ORDER BY and LIMIT/OFFSET, and the result columns; False: id, rank
+    #: and snippet only (match_selectable).
+    page: bool = True
+    sort: str | None = None
+    #: LIKE scan: tokens with a NUL (compared whole), tokens as SQL LIKE conditions, and
+    #: how the others are tested at once (a registered function's name, or _JSON_PATTERNS).
+    needles: int = 0
+    patterns: int = 0
+    pattern_set: str | None = None
+
+
+_RESULT_COLUMNS = (
+    _m.c.session_id,
+    _m.c.role,
+    _m.c.timestamp,
+    _m.c.tool_name,
+    _s.c.source,
+    _s.c.model,
+    _s.c.started_at.label("session_started"),
+)
+_RESULT_KEYS = (
+    "session_id",
+    "role",
+    "timestamp",
+    "tool_name",
+    "source",
+    "model",
+    "session_started",
+)
+
+
+def _statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
+    """The search statement of a shape, its values left as named parameters."""
+    if shape.table is not None:
+        index = table(shape.table, column("rowid", Integer), column("rank", Float))
+        snippet = literal_column(f"snippet({shape.table}, 0, '>>>', '<<<', '...', 40)", String)
+        columns: list[Any] = [_m.c.id]
+        if shape.rank:
+            columns.append(index.c.rank.label("rank"))
+        statement = (
+            select(*columns, snippet.label("snippet"))
             .select_from(
                 index.join(_m, _m.c.id == index.c.rowid).join(_s, _s.c.id == _m.c.session_id)
             )
-            .where(matches, *_filter_criteria(filters, visibility=True))
+            .where(
+                literal_column(shape.table).op("MATCH")(bindparam("match", type_=String)),
+                *_filter_criteria(shape.filters),
+            )
         )
-    # The LIKE scan: one condition per token, OR-joined. Compatibility quirk kept from the
-    # legacy application: this path ignores the active/compacted visibility filter.
+    else:
+        statement = _like_statement(shape)
+    if not shape.page:
+        return statement
+    rank: ColumnElement[Any] = literal_column("rank")
+    order: list[ColumnElement[Any]]
+    if shape.table is None:
+        order = [_m.c.timestamp.desc()]
+    elif shape.sort == "newest":
+        order = [_m.c.timestamp.desc(), rank]
+    elif shape.sort == "oldest":
+        order = [_m.c.timestamp.asc(), rank]
+    else:
+        order = [rank]
+    return (
+        statement.add_columns(*_RESULT_COLUMNS)
+        .order_by(*order)
+        .limit(bindparam("limit", type_=Integer))
+        .offset(bindparam("offset", type_=Integer))
+    )
+
+
+def _like_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
+    """The LIKE scan: one condition per token, OR-joined. Compatibility quirk kept from the
+    legacy application: this path ignores the active/compacted visibility filter."""
+    texts = (_m.c.content, _m.c.tool_name, _m.c.tool_calls)
     conditions: list[ColumnElement[bool]] = []
-    patterns = []
-    for token in _reduced(route.like_tokens):
-        if "\x00" in token:
-            # LIKE stops reading its pattern at a NUL: '%ab\x00c%' would match every text
-            # ending in "ab". Compare the whole token instead, ASCII case folded like LIKE.
-            needle = func.lower(bindparam("needle", token, String, unique=True))
-            columns = (_m.c.content, _m.c.tool_name, _m.c.tool_calls)
-            conditions.append(or_(*(func.instr(func.lower(c), needle) > 0 for c in columns)))
-            continue
-        patterns.append(f"%{_escape_like(token)}%")
-    if patterns and like_function is not None:
-        # The tokens in one Python function (see _like_any), called once per row.
-        conditions.append(
-            getattr(func, like_function)(_m.c.content, _m.c.tool_name, _m.c.tool_calls) == 1
-        )
-    elif patterns:
+    for i in range(shape.needles):
+        # LIKE stops reading its pattern at a NUL: '%ab\x00c%' would match every text
+        # ending in "ab". Compare the whole token instead, ASCII case folded like LIKE.
+        needle = func.lower(bindparam(f"needle_{i}", type_=String))
+        conditions.append(or_(*(func.instr(func.lower(c), needle) > 0 for c in texts)))
+    for i in range(shape.patterns):
+        pattern = bindparam(f"pattern_{i}", type_=String)
+        conditions.append(or_(*(c.like(pattern, escape="\\") for c in texts)))
+    if shape.pattern_set == _JSON_PATTERNS:
         # One row per pattern from a JSON array, not one OR per token: SQLite parses a
         # chain of n ORs n deep and refuses an expression deeper than 1000 (334 short CJK
         # tokens did), and one parameter whatever the number of tokens.
-        each = func.json_each(bindparam("patterns", json.dumps(patterns), String, unique=True))
-        pattern = each.table_valued("value").alias("pattern")
+        each = func.json_each(bindparam("patterns", type_=String))
+        pattern_row = each.table_valued("value").alias("pattern")
         conditions.append(
             select(literal_column("1"))
-            .select_from(pattern)
-            .where(
-                or_(
-                    _m.c.content.like(pattern.c.value, escape="\\"),
-                    _m.c.tool_name.like(pattern.c.value, escape="\\"),
-                    _m.c.tool_calls.like(pattern.c.value, escape="\\"),
-                )
-            )
+            .select_from(pattern_row)
+            .where(or_(*(c.like(pattern_row.c.value, escape="\\") for c in texts)))
             .exists()
         )
-    first = bindparam("first_token", route.like_tokens[0], String, unique=True)
+    elif shape.pattern_set is not None:  # the tokens in one Python function, once per row
+        conditions.append(getattr(func, shape.pattern_set)(*texts) == 1)
+    first = bindparam("first_token", type_=String)
     start: ColumnElement[Any] = func.max(
         literal_column("1"), func.instr(_m.c.content, first) - literal_column("40")
     )
-    snippet_expr = func.substr(_m.c.content, start, literal_column("120"), type_=String)
+    snippet = func.substr(_m.c.content, start, literal_column("120"), type_=String)
+    columns: list[Any] = [_m.c.id]
+    if shape.rank:
+        columns.append(null().label("rank"))
     return (
-        select(_m.c.id, null().label("rank"), snippet_expr.label("snippet"))
+        select(*columns, snippet.label("snippet"))
         .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
-        .where(or_(*conditions), *_filter_criteria(filters, visibility=False))
+        .where(or_(*conditions), *_filter_criteria(shape.filters))
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _prepared(shape: _Shape) -> Prepared:
+    """A shape's statement, compiled once."""
+    return Prepared.of(_statement(shape))
+
+
+def _shape_and_values(
+    route: _Route,
+    filters: _Filters,
+    tables: Mapping[str, str],
+    *,
+    rank: bool = False,
+    page: bool = True,
+    sort: str | None = None,
+    like_function: str | None = None,
+) -> tuple[_Shape, dict[str, Any]]:
+    """The shape of a route's statement and the values of its parameters."""
+    values = filters.values()
+    if route.index is not None:
+        values["match"] = route.match
+        given = filters.given(visibility=True)
+        return _Shape(tables[route.index], given, rank, page, sort), values
+    tokens = _reduced(route.like_tokens)
+    needles = [token for token in tokens if "\x00" in token]
+    patterns = [f"%{_escape_like(token)}%" for token in tokens if "\x00" not in token]
+    values.update({f"needle_{i}": token for i, token in enumerate(needles)})
+    values["first_token"] = route.like_tokens[0]
+    pattern_set = None
+    if len(patterns) > SQL_LIKE_TOKENS:
+        pattern_set = like_function or _JSON_PATTERNS
+        values["patterns"] = json.dumps(patterns)
+        patterns = []
+    values.update({f"pattern_{i}": pattern for i, pattern in enumerate(patterns)})
+    given = filters.given(visibility=False)
+    shape = _Shape(None, given, rank, page, None, len(needles), len(patterns), pattern_set)
+    return shape, values
 
 
 def match_selectable(
@@ -475,7 +598,9 @@ def match_selectable(
         exclude_sources=exclude_sources,
         role_filter=role_filter,
     )
-    return _hits_select(_route(sanitized, trigram=trigram), filters)
+    route = _route(sanitized, trigram=trigram)
+    shape, values = _shape_and_values(route, filters, _OWN_TABLES, rank=True, page=False)
+    return _statement(shape).params(**values)
 
 
 def _normalise_sort(sort: object) -> str | None:
@@ -485,76 +610,14 @@ def _normalise_sort(sort: object) -> str | None:
     return None
 
 
-_RESULT_COLUMNS = (
-    _m.c.session_id,
-    _m.c.role,
-    _m.c.timestamp,
-    _m.c.tool_name,
-    _s.c.source,
-    _s.c.model,
-    _s.c.started_at.label("session_started"),
-)
-
-
-def _results_select(
-    route: _Route,
-    filters: _Filters,
-    sort: str | None,
-    limit: int,
-    offset: int,
-    *,
-    like_function: str | None = None,
-) -> Select[*tuple[Any, ...]]:
-    """Extend the hits select with the result columns, the contract's ORDER BY and the page."""
-    statement = _hits_select(route, filters, like_function=like_function)
-    statement = statement.add_columns(*_RESULT_COLUMNS)
-    rank: ColumnElement[Any] = literal_column("rank")
-    if route.index is None:
-        statement = statement.order_by(_m.c.timestamp.desc())
-    elif sort == "newest":
-        statement = statement.order_by(_m.c.timestamp.desc(), rank)
-    elif sort == "oldest":
-        statement = statement.order_by(_m.c.timestamp.asc(), rank)
-    else:
-        statement = statement.order_by(rank)
-    return statement.limit(limit).offset(offset)
-
-
-@functools.cache
-def _staged() -> dict[str, str]:
-    """Table an index is rebuilt in -> the index (read from the FTS branch on first use)."""
-    return {fts.staged_name(name): name for name in (WORD_INDEX, TRIGRAM_INDEX)}
-
-
-def _fts_tables(conn: Connection) -> set[str]:
-    """Return which of the two FTS indexes (and `state_meta`) exist in the database, and
-    the tables they are being rebuilt in (``messages_fts_next``), if any."""
-    statement = select(_sqlite_master.c.name).where(
-        _sqlite_master.c.type == "table",
-        _sqlite_master.c.name.in_([WORD_INDEX, TRIGRAM_INDEX, "state_meta", *_staged()]),
-    )
-    return set(conn.execute(statement).scalars())
-
-
-def _in_rebuilt_table(route: _Route, tables: set[str]) -> _Route:
-    """Read an index being rebuilt beside its legacy table from the new table.
-
-    The legacy table keeps serving the application meanwhile, but it is the one that
-    drifted: this package answers from the new one (plus its pending rows), which is exact.
-    """
-    for staged, index in _staged().items():
-        if route.index == index and staged in tables:
-            return dataclasses.replace(route, table=staged)
-    return route
-
-
 _LIKE_ANY = "hermes_like_any"
 
 
 @contextlib.contextmanager
-def _like_any_registered(conn: Connection, route: _Route) -> Iterator[str | None]:
-    """For the LIKE route, register (for this statement) a function that tests all its
-    tokens at once; yield its name, or None when the driver cannot (the SQL LIKE then).
+def _like_any_registered(raw: sqlite3.Connection, route: _Route) -> Iterator[str | None]:
+    """For the LIKE route with more than SQL_LIKE_TOKENS tokens, register (for this
+    statement) a function that tests all of them at once; yield its name, or None when the
+    driver cannot (SQL LIKE over a JSON array of the patterns then).
 
     SQL LIKE tries every token on every row: 340 short CJK tokens took 14 s at 50k
     messages. One regular expression of the tokens skips, in C, every position whose
@@ -562,8 +625,11 @@ def _like_any_registered(conn: Connection, route: _Route) -> Iterator[str | None
     and the text up to its first NUL, where LIKE stops reading it.
     """
     tokens = [token for token in _reduced(route.like_tokens) if "\x00" not in token]
-    raw: Any = getattr(conn.connection, "driver_connection", None)
-    if route.index is not None or not tokens or not hasattr(raw, "create_function"):
+    if (
+        route.index is not None
+        or len(tokens) <= SQL_LIKE_TOKENS
+        or not hasattr(raw, "create_function")
+    ):
         yield None
         return
     pattern = re.compile("|".join(re.escape(token.translate(_ASCII_LOWER)) for token in tokens))
@@ -586,12 +652,12 @@ def _like_any_registered(conn: Connection, route: _Route) -> Iterator[str | None
 
 
 def _fetch_hits(
-    conn: Connection,
+    on: _Runner,
     route: _Route,
     filters: _Filters,
     sort: str | None,
     page: tuple[int, int],
-    tables: set[str],
+    state: _State,
     *,
     scan: bool = False,
 ) -> list[dict[str, Any]] | None:
@@ -601,21 +667,29 @@ def _fetch_hits(
     """
     limit, offset = page
     bounds = None
-    if route.source is not None and "state_meta" in tables and not scan:
-        bounds = _pending_range(conn, route.source)
+    if route.index is not None and not scan:
+        bounds = _pending_ranges(on, state).get(route.index)
     if bounds is not None:  # fetch the first pages whole, merge, then cut the page
         # A negative LIMIT is SQLite's "no limit" (and a negative OFFSET counts as 0).
         limit, offset = (-1 if limit < 0 else limit + max(offset, 0)), 0
     try:
         if scan:
-            return _scan_hits(conn, route, filters, sort, page)
-        with _like_any_registered(conn, route) as like_function:
-            statement = _results_select(
-                route, filters, sort, limit, offset, like_function=like_function
+            return _scan_hits(on.connection(), route, filters, sort, page)
+        with _like_any_registered(on.driver, route) as like_function:
+            shape, values = _shape_and_values(
+                route,
+                filters,
+                state.tables,
+                rank=bounds is not None,
+                sort=sort,
+                like_function=like_function,
             )
-            rows = [dict(row) for row in conn.execute(statement).mappings().all()]
+            values.update(limit=limit, offset=offset)
+            keys = ("id", *(("rank",) if shape.rank else ()), "snippet", *_RESULT_KEYS)
+            sql, params = _prepared(shape).bind(values)
+            rows = [dict(zip(keys, row, strict=True)) for row in on.rows(sql, params)]
         if bounds is not None:
-            extra = _pending_hits(conn, route, filters, bounds)
+            extra = _pending_hits(on.connection(), route, filters, bounds)
             rows = _merge_pending(rows, extra, sort, *page)
     except UnicodeEncodeError:  # lone surrogates cannot be bound: nothing can match them
         log.debug("search: query or filter not encodable as UTF-8; no results")
@@ -663,19 +737,41 @@ def _fold(text: str) -> str:
     return "".join(char for char in decomposed if not unicodedata.combining(char)).casefold()
 
 
-def _pending_range(conn: Connection, index: str) -> tuple[int, int] | None:
-    """(indexed_upto, high_water) of an unfinished deferred backfill of ``index``, or None."""
-    rows: dict[str, str] = {
-        str(key): str(value)
-        for key, value in conn.exec_driver_sql(
-            "SELECT key, value FROM state_meta WHERE key IN (?, ?)",
-            (f"{index}.backfill_indexed_upto", f"{index}.backfill_high_water"),
+@functools.cache
+def _markers() -> tuple[str, ...]:
+    """The backfill keys of both indexes and of the tables they may be rebuilt in."""
+    indexes = (WORD_INDEX, TRIGRAM_INDEX)
+    tables = (*indexes, *(fts.staged_name(index) for index in indexes))
+    markers = ("indexed_upto", "high_water")
+    return tuple(f"{table}.backfill_{marker}" for table in tables for marker in markers)
+
+
+def _pending_ranges(on: _Runner, state: _State) -> dict[str, tuple[int, int]]:
+    """Index -> (indexed_upto, high_water) of each unfinished deferred backfill.
+
+    The markers in `state_meta` are read again only when the database may have changed
+    since: another connection committed (``data_version``) or this one wrote
+    (``total_changes()``); otherwise the last reading stands.
+    """
+    if not state.meta:
+        return {}
+    changes = on.driver.execute("SELECT total_changes(), data_version FROM pragma_data_version")
+    key = tuple(changes.fetchone())
+    if state.markers_read_at != key:
+        marks = ", ".join("?" * len(_markers()))
+        found = dict(
+            on.driver.execute(
+                f"SELECT key, value FROM state_meta WHERE key IN ({marks})", _markers()
+            )
         )
-    }
-    high = rows.get(f"{index}.backfill_high_water")
-    if high is None:
-        return None
-    return int(rows.get(f"{index}.backfill_indexed_upto") or 0), int(high)
+        pending = {}
+        for index, table in state.tables.items():  # the markers of the table it is read from
+            high = found.get(f"{table}.backfill_high_water")
+            if high is not None:
+                upto = found.get(f"{table}.backfill_indexed_upto")
+                pending[index] = (int(upto or 0), int(high))
+        state.pending, state.markers_read_at = pending, key
+    return state.pending
 
 
 def _candidate_terms(route: _Route) -> tuple[list[str], bool]:
@@ -754,11 +850,11 @@ def _pending_hits(
             _m.c.id > low,
             _m.c.id <= high,
             or_(by_like, by_fold),
-            *_filter_criteria(filters, visibility=True),
+            *_filter_criteria(filters.given(visibility=True)),
         )
     )
     try:
-        rows = conn.execute(candidates).all()
+        rows = conn.execute(candidates, filters.values()).all()
     finally:
         if functions:
             raw.create_function(_PENDING_MATCH, 1, None)
@@ -813,31 +909,115 @@ def _scan_hits(
     return _merge_pending([], extra, sort, *page)
 
 
-# -- a damaged search mechanism -------------------------------------------------------------
-# Checked once per schema change of the connection's database (the schema cookie), so a
-# normal search pays one PRAGMA; the verdict is kept with the DBAPI connection.
-_MECHANISM_CACHE = "hermes_store.search.damaged_indexes"
+# -- where a search's statements run ---------------------------------------------------
 
 
-def _damaged_indexes(conn: Connection) -> dict[str, str]:
-    """Index -> why its search mechanism cannot be trusted; {} when it can (the usual case).
+class _NeedsConnection(Exception):
+    """This search takes a path that runs on a SQLAlchemy Connection only."""
 
-    Raises UnsupportedLayout on a store in the Hermes application's own layout.
-    """
-    cookie = int(conn.exec_driver_sql("PRAGMA schema_version").scalar_one())
-    cached = conn.info.get(_MECHANISM_CACHE)
-    if cached is None or cached[0] != cookie:
+
+class _Runner(Protocol):
+    """Runs a search's statements: on a SQLAlchemy Connection, or on the driver."""
+
+    #: The cache of the pooled connection (what _state keeps).
+    info: dict[Any, Any]
+    #: The DBAPI connection (Python functions, the backfill markers).
+    driver: sqlite3.Connection
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]: ...
+
+    def connection(self) -> Connection: ...
+
+
+class _OnConnection:
+    """Statements through a SQLAlchemy Connection (its events and logging see them)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.info = conn.info
+        self.driver = cast(sqlite3.Connection, conn.connection.driver_connection)
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
+        return self.conn.exec_driver_sql(sql, tuple(params)).fetchall()
+
+    def connection(self) -> Connection:
+        return self.conn
+
+
+class _OnDriver:
+    """Statements on the pooled driver connection; the rare paths need a Connection."""
+
+    def __init__(self, db: Driver) -> None:
+        self.db = db
+        self.info = db.info
+        self.driver = db.connection
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
+        return self.db.run(sql, params).fetchall()
+
+    def connection(self) -> Connection:
+        raise _NeedsConnection
+
+
+# -- what a search knows about its database ----------------------------------------------
+# Kept with the DBAPI connection and checked once per schema change of its database (the
+# schema cookie), so a normal search pays one PRAGMA: which tables hold the indexes, whether
+# their search mechanism can be trusted. The backfill markers are re-read when the data may
+# have changed (_pending_ranges). Statements are compiled once per shape (_prepared).
+_STATE = "hermes_store.search.state"
+
+
+@dataclass
+class _State:
+    """What search knows about one connection's database, for one schema cookie."""
+
+    cookie: int
+    #: Each FTS index present -> the table that holds it (_index_tables).
+    tables: dict[str, str]
+    #: Whether `state_meta` exists (where a deferred backfill keeps its markers).
+    meta: bool
+    #: Index -> why its search mechanism cannot be trusted; {} when it can.
+    damaged: dict[str, str]
+    #: The store is in the Hermes application's own layout (not searched here).
+    application: bool
+    #: _pending_ranges' last reading, and the (total_changes, data_version) it was made at.
+    pending: dict[str, tuple[int, int]] = field(default_factory=dict)
+    markers_read_at: tuple[int, ...] | None = None
+
+
+def _index_tables(conn: Connection) -> tuple[dict[str, str], bool]:
+    """Each FTS index this database has -> the table that holds it, and whether `state_meta`
+    exists. The one place search learns its table names: every statement is built from
+    them, once per schema change."""
+    staged = {index: fts.staged_name(index) for index in (WORD_INDEX, TRIGRAM_INDEX)}
+    statement = select(_sqlite_master.c.name).where(
+        _sqlite_master.c.type == "table",
+        _sqlite_master.c.name.in_([WORD_INDEX, TRIGRAM_INDEX, "state_meta", *staged.values()]),
+    )
+    present = set(conn.execute(statement).scalars())
+    # An index rebuilt beside its legacy table (`messages_fts_next`) is read from the new
+    # table: the legacy one keeps serving the application meanwhile, but it is the one that
+    # drifted; the new one plus its pending rows is exact.
+    tables = {
+        index: staged[index] if staged[index] in present else index
+        for index in (WORD_INDEX, TRIGRAM_INDEX)
+        if index in present or staged[index] in present
+    }
+    return tables, "state_meta" in present
+
+
+def _state(on: _Runner) -> _State:
+    """This connection's _State, made again when the schema cookie has changed."""
+    cookie = int(on.rows("PRAGMA schema_version")[0][0])
+    state: _State | None = on.info.get(_STATE)
+    if state is None or state.cookie != cookie:
+        conn = on.connection()
+        tables, meta = _index_tables(conn)
         application = fts.is_application_layout(conn)
         damaged = {} if application else fts.check_mechanism(conn, probe_trigram=False).damaged()
-        cached = (cookie, damaged, application)
-        conn.info[_MECHANISM_CACHE] = cached
-    if cached[2]:
-        raise UnsupportedLayout(
-            "this store's search indexes are in the Hermes application's own layout "
-            "(it moved them itself), which hermes-store does not search: use the agent's "
-            "search; `check`, `storage` and `optimize` work on it"
-        )
-    return dict(cached[1])
+        state = _State(cookie, tables, meta, damaged, application)
+        conn.info[_STATE] = state
+    return state
 
 
 def accept_search_objects(conn: Connection) -> None:
@@ -849,7 +1029,8 @@ def accept_search_objects(conn: Connection) -> None:
     differs, `check --repair` restores it.
     """
     cookie = int(conn.exec_driver_sql("PRAGMA schema_version").scalar_one())
-    conn.info[_MECHANISM_CACHE] = (cookie, {}, False)
+    tables, meta = _index_tables(conn)
+    conn.info[_STATE] = _State(cookie, tables, meta, {}, False)
 
 
 def _degraded(index: str, why: str) -> str:
@@ -914,34 +1095,21 @@ def _chunks(ids: Sequence[int]) -> Iterator[list[int]]:
         yield list(ids[start : start + _IN_CHUNK])
 
 
-def _neighbour_ids(conn: Connection, hit_ids: Sequence[int]) -> dict[int, list[int]]:
-    """Map each hit id to [previous, hit, next] message ids of its session, by (timestamp, id)."""
-    windows: dict[int, list[int]] = {}
+def _contexts(on: _Runner, hit_ids: Sequence[int]) -> dict[int, list[ContextMessage]]:
+    """The context window of every hit: one statement per chunk of hits."""
+    contexts: dict[int, list[ContextMessage]] = {hit_id: [] for hit_id in hit_ids}
+    failed: set[int] = set()
     for chunk in _chunks(hit_ids):
-        for hit_id, previous_id, next_id in conn.execute(_window.where(_target.c.id.in_(chunk))):
-            windows[hit_id] = [i for i in (previous_id, hit_id, next_id) if i is not None]
-    return windows
-
-
-def _contexts(conn: Connection, hit_ids: Sequence[int]) -> dict[int, list[ContextMessage]]:
-    """Look up the context window of every hit in two statements per chunk of hits."""
-    windows = _neighbour_ids(conn, hit_ids)
-    wanted = sorted({i for window in windows.values() for i in window})
-    rows: dict[int, tuple[str, object]] = {}
-    for chunk in _chunks(wanted):
-        statement = select(_m.c.id, _m.c.role, _m.c.content).where(_m.c.id.in_(chunk))
-        rows.update({row.id: (row.role, row.content) for row in conn.execute(statement)})
-    contexts: dict[int, list[ContextMessage]] = {}
-    for hit_id, window in windows.items():
-        try:
-            contexts[hit_id] = [
-                ContextMessage(role=rows[i][0], content=_context_text(rows[i][1]))
-                for i in window
-                if i in rows
-            ]
-        except Exception:  # the contract: a hit whose context cannot be built gets []
-            log.debug("search: context of message %s could not be built", hit_id, exc_info=True)
-            contexts[hit_id] = []
+        for hit_id, role, content in on.rows(*_CONTEXT_WINDOWS.bind({"ids": chunk})):
+            if hit_id in failed:
+                continue
+            try:
+                entry: ContextMessage = {"role": role, "content": _context_text(content)}
+                contexts[hit_id].append(entry)
+            except Exception:  # the contract: a hit whose context cannot be built gets []
+                log.debug("search: context of message %s could not be built", hit_id, exc_info=True)
+                failed.add(hit_id)
+                contexts[hit_id] = []
     return contexts
 
 
@@ -962,63 +1130,106 @@ def search_messages(
     hits come from an exact scan of `messages`, one WARNING is logged and the result's
     ``degraded`` says why (see :class:`SearchResults`).
     """
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    return _search(
+        _OnConnection(connection),
+        query,
+        _Filters(include_inactive, source_filter, exclude_sources, role_filter),
+        sort,
+        (limit, offset),
+    )
+
+
+def search_store(
+    engine: Engine,
+    query: str,
+    source_filter: Sequence[str] | None = None,
+    exclude_sources: Sequence[str] | None = None,
+    role_filter: Sequence[str] | None = None,
+    limit: int = 20,
+    offset: int = 0,
+    sort: str | None = None,
+    include_inactive: bool = False,
+) -> SearchResults:
+    """:func:`search_messages` in a read transaction of its own, on a pooled connection.
+
+    The usual search runs on the driver connection (hermes_store.prepared), like the
+    Store's other methods: a SQLAlchemy ``Connection`` costs as much as the SQL of a cheap
+    query. A search that needs one (the first after a schema change, a damaged index, a
+    deferred backfill in progress) runs again through ``search_messages``.
+    """
+    filters = _Filters(include_inactive, source_filter, exclude_sources, role_filter)
+    with driver(engine) as db:
+        db.run("BEGIN")
+        try:
+            return _search(_OnDriver(db), query, filters, sort, (limit, offset))
+        except _NeedsConnection:
+            pass
+        finally:
+            db.connection.rollback()
+    with engine.connect() as conn:
+        return _search(_OnConnection(conn), query, filters, sort, (limit, offset))
+
+
+def _search(
+    on: _Runner, query: str, filters: _Filters, sort: str | None, page: tuple[int, int]
+) -> SearchResults:
+    """search_messages' answer, its statements run by ``on``."""
     if not query or not query.strip():
         return SearchResults()
     sanitized = without_repeats(sanitize_query(query))
     if not sanitized:
         return SearchResults()
-    connection = conn.connection() if isinstance(conn, Session) else conn
-    tables = _fts_tables(connection)
-    damaged = _damaged_indexes(connection)
+    state = _state(on)
+    if state.application:
+        raise UnsupportedLayout(
+            "this store's search indexes are in the Hermes application's own layout "
+            "(it moved them itself), which hermes-store does not search: use the agent's "
+            "search; `check`, `storage` and `optimize` work on it"
+        )
+    tables, damaged = state.tables, state.damaged
     if WORD_INDEX not in tables and WORD_INDEX not in damaged:
         log.debug("search: no %s table; no results", WORD_INDEX)  # FTS5 unavailable
         return SearchResults()
-    route = _in_rebuilt_table(_route(sanitized, trigram=TRIGRAM_INDEX in tables), tables)
+    route = _route(sanitized, trigram=TRIGRAM_INDEX in tables)
     _check_bounded(route)
-    filters = _Filters(
-        include_inactive=include_inactive,
-        source_filter=source_filter,
-        exclude_sources=exclude_sources,
-        role_filter=role_filter,
-    )
     order = _normalise_sort(sort)
-    page = (limit, offset)
     degraded = None
     if route.index is not None and route.index in damaged:
         degraded = _degraded(route.index, damaged[route.index])
     try:
-        rows = _fetch_hits(connection, route, filters, order, page, tables, scan=bool(degraded))
+        rows = _fetch_hits(on, route, filters, order, page, state, scan=bool(degraded))
     except DatabaseError as exc:  # 'database disk image is malformed' is no OperationalError
         if type(exc) is not DatabaseError or route.index is None or degraded:
             raise
         degraded = _degraded(route.index, f"SQLite: {exc.orig}")
-        rows = _fetch_hits(connection, route, filters, order, page, tables, scan=True)
+        rows = _fetch_hits(on, route, filters, order, page, state, scan=True)
     if degraded:
         log.warning("search: %s", degraded)
     if rows is None and route.index == TRIGRAM_INDEX:  # trigram rejected it: LIKE scan
         route = _Route(None, "", route.like_tokens)
-        rows = _fetch_hits(connection, route, filters, order, page, tables)
+        rows = _fetch_hits(on, route, filters, order, page, state)
     if not rows:  # None here: the word index rejected the query (FTS5 syntax error)
         return SearchResults(degraded=degraded)
     log.debug("search: %d hit(s) from %s", len(rows), route.index or "LIKE scan")
     try:
-        contexts = _contexts(connection, [row["id"] for row in rows])
+        contexts = _contexts(on, [row["id"] for row in rows])
     except Exception:  # the contract: a failed context lookup leaves every hit with []
         log.debug("search: context lookup failed", exc_info=True)
         contexts = {}
-    hits = (
-        SearchHit(
-            id=row["id"],
-            session_id=row["session_id"],
-            role=row["role"],
-            snippet=row["snippet"],
-            timestamp=row["timestamp"],
-            tool_name=row["tool_name"],
-            source=row["source"],
-            model=row["model"],
-            session_started=row["session_started"],
-            context=contexts.get(row["id"], []),
-        )
+    hits: list[SearchHit] = [
+        {
+            "id": row["id"],
+            "session_id": row["session_id"],
+            "role": row["role"],
+            "snippet": row["snippet"],
+            "timestamp": row["timestamp"],
+            "tool_name": row["tool_name"],
+            "source": row["source"],
+            "model": row["model"],
+            "session_started": row["session_started"],
+            "context": contexts.get(row["id"], []),
+        }
         for row in rows
-    )
+    ]
     return SearchResults(hits, degraded=degraded)

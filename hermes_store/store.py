@@ -22,6 +22,7 @@ Design, in three rules:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -31,17 +32,22 @@ from dataclasses import fields
 from typing import Any, cast
 
 from sqlalchemy import (
+    BindParameter,
     Column,
     Connection,
     Engine,
     Integer,
     Table,
+    TableClause,
     bindparam,
+    column,
     delete,
     event,
     func,
     insert,
+    literal_column,
     select,
+    table,
     update,
 )
 from sqlalchemy import inspect as sa_inspect
@@ -51,8 +57,15 @@ from sqlalchemy.orm.attributes import History
 from hermes_store.engine import BEGIN_OPTION, create_store_engine
 from hermes_store.errors import SessionExists, SessionNotFound, StoreError, TitleTaken
 from hermes_store.models import AgentSession, Message
-from hermes_store.records import AgentSessionRecord, MessageRecord, NewMessage, SessionSummary
-from hermes_store.search import SearchResults, search_messages
+from hermes_store.prepared import Prepared, driver
+from hermes_store.records import (
+    AgentSessionRecord,
+    MessageRecord,
+    NewMessage,
+    SessionSummary,
+    row_reader,
+)
+from hermes_store.search import SearchResults, search_store
 
 __all__ = [
     "MULTIMODAL_PREFIX",
@@ -87,12 +100,7 @@ def _record_columns(record: type[Any], table: Table) -> tuple[Column[Any], ...]:
 _SESSION_COLUMNS = _record_columns(AgentSessionRecord, _sessions)
 _MESSAGE_COLUMNS = _record_columns(MessageRecord, _messages)
 
-# Prebuilt statements of the hot paths (compiled once, then served from the cache).
-_SELECT_SESSION = select(*_SESSION_COLUMNS).where(_sessions.c.id == bindparam("session_id"))
-#: A list of parameter sets runs as multi-row ``INSERT ... VALUES (...), (...) RETURNING``
-#: statements (SQLAlchemy's "insertmanyvalues", up to 1000 rows each): real INSERTs, so the
-#: FTS and display triggers index every row, at a fraction of one statement per row.
-_INSERT_MESSAGES = insert(_messages).returning(_messages.c.id)
+# The ORM flush hook's counter update (a Core statement on the flush's connection).
 _BUMP_COUNTERS = (
     update(_sessions)
     .where(_sessions.c.id == bindparam("b_session_id"))
@@ -103,6 +111,145 @@ _BUMP_COUNTERS = (
         + bindparam("b_tool_calls", type_=Integer),
     )
 )
+
+
+# -- the hot paths' statements, compiled once (hermes_store.prepared) --------------------
+
+
+def _plain(source: Table) -> TableClause:
+    """``source`` without the models' Python-side column defaults (each equal to the DDL's
+    server default), so that a prepared INSERT names exactly the columns it is given."""
+    return table(source.name, *(column(c.name, c.type) for c in source.c))
+
+
+_plain_sessions = _plain(_sessions)
+_plain_messages = _plain(_messages)
+_s = _plain_sessions.c
+_m = _plain_messages.c
+#: The columns a new message is written with (the table's order, which the compiled
+#: INSERT follows), in the order of :func:`_message_row`.
+_NEW_MESSAGE_COLUMNS = (
+    "session_id",
+    "role",
+    "content",
+    "tool_call_id",
+    "tool_calls",
+    "tool_name",
+    "timestamp",
+    "token_count",
+    "finish_reason",
+    "reasoning",
+    "platform_message_id",
+)
+_INSERT_MESSAGE = Prepared.of(
+    insert(_plain_messages)
+    .values({name: bindparam(name) for name in _NEW_MESSAGE_COLUMNS})
+    .returning(_m.id)
+)
+assert _INSERT_MESSAGE.names == _NEW_MESSAGE_COLUMNS, "_message_row's order"
+_VALUES_ROW = "(" + ", ".join("?" * len(_NEW_MESSAGE_COLUMNS)) + ")"
+_INSERT_HEAD, _, _INSERT_TAIL = _INSERT_MESSAGE.sql.partition(_VALUES_ROW)
+#: Rows per multi-row INSERT (11 parameters each, far below SQLite's limit of 32766).
+_INSERT_CHUNK = 1000
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_messages_sql(rows: int) -> str:
+    """The prepared INSERT with ``rows`` rows of values: ``VALUES (...), (...) RETURNING id``.
+
+    One statement for many rows costs SQLite about half what one statement per row does
+    (every statement runs the FTS and display triggers' programs anew).
+    """
+    return _INSERT_HEAD + ", ".join([_VALUES_ROW] * rows) + _INSERT_TAIL
+
+
+_ADD_TO_COUNTERS = Prepared.of(
+    update(_plain_sessions)
+    .where(_s.id == bindparam("session_id"))
+    .values(
+        message_count=func.coalesce(_s.message_count, 0) + bindparam("messages"),
+        tool_call_count=func.coalesce(_s.tool_call_count, 0) + bindparam("tool_calls"),
+    )
+)
+_SESSION_EXISTS = Prepared.of(select(literal_column("1")).where(_s.id == bindparam("id")))
+_TITLE_TAKEN = Prepared.of(
+    select(literal_column("1")).where(_s.title == bindparam("title")).limit(1)
+)
+_SELECT_SESSION = Prepared.of(
+    select(*(_s[c.name] for c in _SESSION_COLUMNS)).where(_s.id == bindparam("id"))
+)
+_END_SESSION = Prepared.of(
+    update(_plain_sessions)
+    .where(_s.id == bindparam("id"))
+    .values(ended_at=bindparam("ended_at"), end_reason=bindparam("end_reason"))
+)
+_EDIT_MESSAGE = Prepared.of(
+    update(_plain_messages).where(_m.id == bindparam("id")).values(content=bindparam("content"))
+)
+_UNPARENT_CHILDREN = Prepared.of(
+    update(_plain_sessions)
+    .where(_s.parent_session_id == bindparam("id"))
+    .values(parent_session_id=None)
+)
+_DELETE_MESSAGES = Prepared.of(delete(_plain_messages).where(_m.session_id == bindparam("id")))
+_DELETE_SESSION = Prepared.of(delete(_plain_sessions).where(_s.id == bindparam("id")))
+_MESSAGES = select(*(_m[c.name] for c in _MESSAGE_COLUMNS)).where(
+    _m.session_id == bindparam("session_id")
+)
+_ORDER = (_m.timestamp, _m.id)
+#: A session's messages: every one, or those the UI shows (rewound ones hidden).
+_SELECT_MESSAGES = {
+    True: Prepared.of(_MESSAGES.order_by(*_ORDER)),
+    False: Prepared.of(_MESSAGES.where((_m.active == 1) | (_m.compacted == 1)).order_by(*_ORDER)),
+}
+_SUMMARY = select(
+    _s.id,
+    _s.source,
+    _s.title,
+    _s.model,
+    _s.started_at,
+    _s.ended_at,
+    func.coalesce(_s.message_count, 0),
+    func.coalesce(_s.tool_call_count, 0),
+    _s.parent_session_id,
+)
+_PAGE: tuple[BindParameter[int], BindParameter[int]] = (bindparam("limit"), bindparam("offset"))
+#: Sessions newest first: all of them, or those of one source.
+_LIST_SESSIONS = {
+    False: Prepared.of(
+        _SUMMARY.order_by(_s.started_at.desc(), _s.id).limit(_PAGE[0]).offset(_PAGE[1])
+    ),
+    True: Prepared.of(
+        _SUMMARY.where(_s.source == bindparam("source"))
+        .order_by(_s.started_at.desc(), _s.id)
+        .limit(_PAGE[0])
+        .offset(_PAGE[1])
+    ),
+}
+#: Flag updates by the flags they set (an ``IN`` list of any length).
+_SET_FLAGS: dict[tuple[str, ...], Prepared] = {
+    flags: Prepared.of(
+        update(_plain_messages)
+        .where(_m.id.in_(bindparam("ids", expanding=True)))
+        .values({flag: bindparam(flag) for flag in flags})
+    )
+    for flags in (("active",), ("compacted",), ("active", "compacted"))
+}
+
+
+@functools.lru_cache(maxsize=32)
+def _insert_session(names: tuple[str, ...]) -> Prepared:
+    """INSERT of a session with these columns, returning every column of its record."""
+    return Prepared.of(
+        insert(_plain_sessions)
+        .values({name: bindparam(name) for name in names})
+        .returning(*(_s[c.name] for c in _SESSION_COLUMNS))
+    )
+
+
+_read_sessions = row_reader(AgentSessionRecord)
+_read_messages = row_reader(MessageRecord)
+_read_summaries = row_reader(SessionSummary)
 
 
 def encode_content(content: str | list[Any] | None) -> str | None:
@@ -226,9 +373,17 @@ class Store:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._write_engine = engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-        self._read = sessionmaker(engine, class_=_StoreSession, expire_on_commit=False)
-        self._write = sessionmaker(self._write_engine, class_=_StoreSession, expire_on_commit=False)
+
+    # The ORM session factories, made on first use: the Store's own methods run prepared
+    # statements, and opening a store should not pay for what it may never use.
+    @functools.cached_property
+    def _read(self) -> sessionmaker[Session]:
+        return sessionmaker(self.engine, class_=_StoreSession, expire_on_commit=False)
+
+    @functools.cached_property
+    def _write(self) -> sessionmaker[Session]:
+        writes = self.engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+        return sessionmaker(writes, class_=_StoreSession, expire_on_commit=False)
 
     @classmethod
     def open(cls, url: str | os.PathLike[str] | None = None, *, create: bool = False) -> Store:
@@ -239,8 +394,10 @@ class Store:
         return cls(create_store_engine(url, create=create))
 
     def close(self) -> None:
-        """Release the store's connections."""
-        self.engine.dispose()
+        """Release the store's connections (the engine stays usable: it reconnects)."""
+        # The pool's own dispose: Engine.dispose() would also build a replacement pool,
+        # a third of what opening the store cost.
+        self.engine.pool.dispose()
 
     def __enter__(self) -> Store:
         return self
@@ -303,42 +460,43 @@ class Store:
         the id is taken, :class:`TitleTaken` when another session has ``title``, and
         :class:`SessionNotFound` when ``parent_session_id`` names no session.
         """
-        row = AgentSession(
-            id=session_id,
-            source=source,
-            model=model,
-            user_id=user_id,
-            parent_session_id=parent_session_id,
-            started_at=time.time() if started_at is None else started_at,
-            title=title,
-            message_count=0,
-            tool_call_count=0,
-            **columns,
-        )
-        with self._write.begin() as db:
-            if _session_exists(db, session_id):
+        values = {
+            "id": session_id,
+            "source": source,
+            "model": model,
+            "user_id": user_id,
+            "parent_session_id": parent_session_id,
+            "started_at": time.time() if started_at is None else started_at,
+            "title": title,
+            "message_count": 0,
+            "tool_call_count": 0,
+        }
+        for name in columns:
+            if name in values:
+                raise TypeError(f"create_session() got multiple values for {name!r}")
+            if name not in _sessions.c:
+                raise TypeError(f"{name!r} is an invalid keyword argument for AgentSession")
+        values.update(columns)
+        with driver(self.engine, write=True) as db:
+            if db.execute(_SESSION_EXISTS, id=session_id).fetchone():
                 raise SessionExists(
                     f"session {session_id!r} already exists: append to it with "
                     "append_messages(), or create the new session under another id"
                 )
-            if parent_session_id is not None and not _session_exists(db, parent_session_id):
+            if parent_session_id is not None and not (
+                db.execute(_SESSION_EXISTS, id=parent_session_id).fetchone()
+            ):
                 raise SessionNotFound(
                     f"no parent session {parent_session_id!r}: create it first, or pass "
                     "parent_session_id=None"
                 )
-            if title is not None and (
-                db.scalar(select(AgentSession.id).where(AgentSession.title == title).limit(1))
-                is not None
-            ):
+            if title is not None and db.execute(_TITLE_TAKEN, title=title).fetchone():
                 raise TitleTaken(
                     f"another session is already titled {title!r}: session titles are "
                     "unique, pick another one (or none)"
                 )
-            db.add(row)
-            db.flush()
-            return AgentSessionRecord(
-                *db.execute(_SELECT_SESSION, {"session_id": session_id}).one()
-            )
+            created = db.execute(_insert_session(tuple(values)), **values).fetchall()
+        return _read_sessions(created)[0]
 
     def append_message(self, session_id: str, message: NewMessage) -> int:
         """Append one message and bump the session's counters in the same transaction."""
@@ -347,23 +505,29 @@ class Store:
     def append_messages(self, session_id: str, messages: Iterable[NewMessage]) -> list[int]:
         """Append messages in one write transaction; return their ids in order.
 
-        The rows go in as multi-row INSERTs (1000 rows a statement) and the session's
-        counters move once, by the batch's totals. Raises :class:`SessionNotFound` when
-        the session does not exist; a row the schema refuses rolls the whole batch back.
+        The rows go in as multi-row ``INSERT ... RETURNING id`` statements (1000 rows a
+        statement) and the session's counters move once, by the batch's totals. Raises
+        :class:`SessionNotFound` when the session does not exist; a row the schema refuses
+        rolls the whole batch back.
         """
-        rows: list[dict[str, Any]] = []
+        rows: list[tuple[Any, ...]] = []
         tool_calls = 0
         for message in messages:
-            rows.append(_message_values(session_id, message))
+            rows.append(_message_row(session_id, message))
             tool_calls += count_tool_calls(message.tool_calls)
-        with self._write_engine.begin() as conn:
-            if _bump_counters(conn, {session_id: [len(rows), tool_calls]}) == 0:
+        with driver(self.engine, write=True) as db:
+            bumped = db.execute(
+                _ADD_TO_COUNTERS, session_id=session_id, messages=len(rows), tool_calls=tool_calls
+            )
+            if bumped.rowcount == 0:
                 raise SessionNotFound(
                     f"no session {session_id!r}: create it with create_session() first"
                 )
-            if not rows:
-                return []
-            ids = list(conn.scalars(_INSERT_MESSAGES, rows))
+            ids: list[int] = []
+            for start in range(0, len(rows), _INSERT_CHUNK):
+                chunk = rows[start : start + _INSERT_CHUNK]
+                flat = [value for row in chunk for value in row]
+                ids += (i for (i,) in db.run(_insert_messages_sql(len(chunk)), flat))
         # RETURNING does not promise an order, but AUTOINCREMENT hands out increasing ids
         # in insertion order, which is the order of `rows`: sorted, they match.
         ids.sort()
@@ -373,15 +537,10 @@ class Store:
         self, session_id: str, end_reason: str, *, ended_at: float | None = None
     ) -> None:
         """Mark a session ended with a reason."""
-        with self._write.begin() as db:
-            result = db.execute(
-                update(AgentSession)
-                .where(AgentSession.id == session_id)
-                .values(
-                    ended_at=time.time() if ended_at is None else ended_at, end_reason=end_reason
-                )
-            )
-            if result.rowcount == 0:  # type: ignore[attr-defined]
+        ended = time.time() if ended_at is None else ended_at
+        with driver(self.engine, write=True) as db:
+            result = db.execute(_END_SESSION, id=session_id, ended_at=ended, end_reason=end_reason)
+            if result.rowcount == 0:
                 raise SessionNotFound(f"no session {session_id!r} to end")
 
     def set_message_flags(
@@ -401,23 +560,17 @@ class Store:
             values["active"] = int(active)
         if compacted is not None:
             values["compacted"] = int(compacted)
-        if not values or not message_ids:
+        ids = list(message_ids)
+        if not values or not ids:
             return 0
-        with self._write.begin() as db:
-            result = db.execute(
-                update(Message).where(Message.id.in_(list(message_ids))).values(**values)
-            )
-            return int(result.rowcount)  # type: ignore[attr-defined]
+        with driver(self.engine, write=True) as db:
+            return db.execute(_SET_FLAGS[tuple(values)], ids=ids, **values).rowcount
 
     def edit_message(self, message_id: int, content: str | list[Any] | None) -> None:
         """Replace a message's text (the FTS triggers re-index it)."""
-        with self._write.begin() as db:
-            result = db.execute(
-                update(Message)
-                .where(Message.id == message_id)
-                .values(content=encode_content(content))
-            )
-            if result.rowcount == 0:  # type: ignore[attr-defined]
+        with driver(self.engine, write=True) as db:
+            result = db.execute(_EDIT_MESSAGE, id=message_id, content=encode_content(content))
+            if result.rowcount == 0:
                 raise StoreError(f"no message with id {message_id}")
 
     def delete_session(self, session_id: str) -> int:
@@ -426,25 +579,21 @@ class Store:
         Returns the number of messages deleted. Per-model usage rows go with the session
         (ON DELETE CASCADE).
         """
-        with self._write.begin() as db:
-            if not _session_exists(db, session_id):
+        with driver(self.engine, write=True) as db:
+            if not db.execute(_SESSION_EXISTS, id=session_id).fetchone():
                 raise SessionNotFound(f"no session {session_id!r} to delete")
-            db.execute(
-                update(AgentSession)
-                .where(AgentSession.parent_session_id == session_id)
-                .values(parent_session_id=None)
-            )
-            deleted = db.execute(delete(Message).where(Message.session_id == session_id))
-            db.execute(delete(AgentSession).where(AgentSession.id == session_id))
-            return int(deleted.rowcount)  # type: ignore[attr-defined]
+            db.execute(_UNPARENT_CHILDREN, id=session_id)
+            deleted = db.execute(_DELETE_MESSAGES, id=session_id).rowcount
+            db.execute(_DELETE_SESSION, id=session_id)
+            return deleted
 
     # -- reads -----------------------------------------------------------------------
 
     def get_session(self, session_id: str) -> AgentSessionRecord | None:
         """One agent session, every column, or None when there is none with this id."""
-        with self.engine.connect() as conn:
-            row = conn.execute(_SELECT_SESSION, {"session_id": session_id}).first()
-        return None if row is None else AgentSessionRecord(*row)
+        with driver(self.engine) as db:
+            rows = db.execute(_SELECT_SESSION, id=session_id).fetchall()
+        return _read_sessions(rows)[0] if rows else None
 
     def messages(self, session_id: str, *, include_inactive: bool = True) -> list[MessageRecord]:
         """A session's messages in conversation order (timestamp, then id).
@@ -452,33 +601,18 @@ class Store:
         ``include_inactive=False`` hides rewound messages (active=0) but keeps compacted
         ones (active=0, compacted=1), which the UI history still shows.
         """
-        query = select(*_MESSAGE_COLUMNS).where(_messages.c.session_id == session_id)
-        if not include_inactive:
-            query = query.where((_messages.c.active == 1) | (_messages.c.compacted == 1))
-        query = query.order_by(_messages.c.timestamp, _messages.c.id)
-        with self.engine.connect() as conn:
-            return [MessageRecord(*row) for row in conn.execute(query)]
+        with driver(self.engine) as db:
+            rows = db.execute(_SELECT_MESSAGES[include_inactive], session_id=session_id).fetchall()
+        return _read_messages(rows)
 
     def list_sessions(
         self, *, limit: int = 50, offset: int = 0, source: str | None = None
     ) -> list[SessionSummary]:
         """Sessions newest first, with their message and tool-call counts."""
-        s = _sessions.c
-        query = select(
-            s.id,
-            s.source,
-            s.title,
-            s.model,
-            s.started_at,
-            s.ended_at,
-            func.coalesce(s.message_count, 0),
-            func.coalesce(s.tool_call_count, 0),
-            s.parent_session_id,
-        ).order_by(s.started_at.desc(), s.id)
-        if source is not None:
-            query = query.where(s.source == source)
-        with self.engine.connect() as conn:
-            return [SessionSummary(*row) for row in conn.execute(query.limit(limit).offset(offset))]
+        statement = _LIST_SESSIONS[source is not None]
+        with driver(self.engine) as db:
+            rows = db.execute(statement, limit=limit, offset=offset, source=source).fetchall()
+        return _read_summaries(rows)
 
     def search(
         self,
@@ -498,39 +632,34 @@ class Store:
         application ranks them; ``results.degraded`` says when a damaged index made the
         search fall back to a scan.
         """
-        with self.engine.connect() as conn:
-            return search_messages(
-                conn,
-                query,
-                source_filter=source_filter,
-                exclude_sources=exclude_sources,
-                role_filter=role_filter,
-                limit=limit,
-                offset=offset,
-                sort=sort,
-                include_inactive=include_inactive,
-            )
+        return search_store(
+            self.engine,
+            query,
+            source_filter=source_filter,
+            exclude_sources=exclude_sources,
+            role_filter=role_filter,
+            limit=limit,
+            offset=offset,
+            sort=sort,
+            include_inactive=include_inactive,
+        )
 
 
-def _session_exists(db: Session, session_id: str) -> bool:
-    return db.scalar(select(AgentSession.id).where(AgentSession.id == session_id)) is not None
-
-
-def _message_values(session_id: str, message: NewMessage) -> dict[str, Any]:
-    """The `messages` row of a new message: the columns every insert path writes."""
+def _message_row(session_id: str, message: NewMessage) -> tuple[Any, ...]:
+    """The `messages` row of a new message, in the order of _NEW_MESSAGE_COLUMNS."""
     tool_calls = message.tool_calls
     if isinstance(tool_calls, list):
         tool_calls = json.dumps(tool_calls, ensure_ascii=False)
-    return {
-        "session_id": session_id,
-        "role": message.role,
-        "content": encode_content(message.content),
-        "tool_calls": tool_calls,
-        "tool_name": message.tool_name,
-        "tool_call_id": message.tool_call_id,
-        "timestamp": time.time() if message.timestamp is None else message.timestamp,
-        "token_count": message.token_count,
-        "finish_reason": message.finish_reason,
-        "reasoning": message.reasoning,
-        "platform_message_id": message.platform_message_id,
-    }
+    return (
+        session_id,
+        message.role,
+        encode_content(message.content),
+        message.tool_call_id,
+        tool_calls,
+        message.tool_name,
+        time.time() if message.timestamp is None else message.timestamp,
+        message.token_count,
+        message.finish_reason,
+        message.reasoning,
+        message.platform_message_id,
+    )

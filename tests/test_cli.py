@@ -27,7 +27,7 @@ import pytest
 from click.testing import CliRunner, Result
 from legacy.build import build_legacy_store
 
-from hermes_store import cli, corpus, migrate
+from hermes_store import cli, corpus, fts, migrate
 from hermes_store.cli import main
 from hermes_store.engine import ENV_BUSY_TIMEOUT, create_store_engine
 from hermes_store.search import search_messages
@@ -857,6 +857,28 @@ def test_locked_store_refuses_writing_commands(
         result = invoke("check", "--repair", "--db", head_store, expect=None)
         assert_one_line_error(result, "locked", "busy timeout (0.15 s)")
     assert invoke_json("check", "--repair", "--db", head_store)["ok"] is True
+
+
+def _segments(path: Path) -> list[int | None]:
+    engine = create_store_engine(path, create=False)
+    try:
+        with engine.connect() as conn:
+            return [fts.segment_count(conn, name) for name in FTS_INDEXES]
+    finally:
+        engine.dispose()
+
+
+def test_merged_indexes_are_left_alone_without_waiting_for_the_write_lock(
+    head_store: Path, short_busy_timeout: dict[str, str]
+) -> None:
+    assert all(count is not None and count > 1 for count in _segments(head_store))
+    invoke("optimize", "--db", head_store, "--vacuum")
+    assert _segments(head_store) == [1, 1]
+    with write_lock(head_store):  # the agent is writing: nothing here needs its lock
+        data = invoke_json("optimize", "--db", head_store, "--no-vacuum")
+    assert (data["indexes"], data["vacuumed"]) == (FTS_INDEXES, False)
+    assert _segments(head_store) == [1, 1]
+    assert invoke_json("check", "--db", head_store)["ok"] is True
 
 
 def test_locked_store_in_a_real_process(

@@ -953,3 +953,25 @@ def test_pending_search_equals_the_completed_store_on_mixed_queries(
 def pending_small(small: Stores, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the small deferred store with nothing indexed yet (read-only use)."""
     return small.copy(tmp_path_factory.mktemp("pending-small") / "state.db")
+
+
+def test_a_search_follows_a_backfill_started_on_its_own_connection(
+    small: Stores, tmp_path: Path
+) -> None:
+    """The backfill markers a search keeps are read again when its own connection writes
+    them (no other connection committed anything): emptied indexes are scanned at once."""
+    path = copy_store(small.immediate, tmp_path / "state.db")
+    engine = create_store_engine(path, create=False)
+    queries = [{"query": "error", "limit": 1000}, {"query": "数据库", "limit": 1000}]
+    try:
+        with engine.connect() as conn:
+            before = hit_sets(conn, queries)
+            assert all(before)
+            with conn.begin():
+                for index in fts.INDEXES:
+                    backfill.start(conn, index)
+            assert hit_sets(conn, queries) == before
+        with Store(engine) as store:  # its searches run on the driver: the same answers
+            assert [{h["id"] for h in store.search(**q)} for q in queries] == before
+    finally:
+        engine.dispose()

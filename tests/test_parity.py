@@ -26,6 +26,7 @@ from parity_queries import PARITY_QUERIES, UNENCODABLE_QUERIES
 from hermes_store import corpus, fts, migrate
 from hermes_store.engine import create_store_engine
 from hermes_store.search import search_messages
+from hermes_store.store import Store
 
 CORPUS_MESSAGES = 2000
 CORPUS_SEED = 0
@@ -368,6 +369,18 @@ def test_upgrade_keeps_every_search_answer(
     assert data_digest(store_copy) == digest
 
     assert differences(ALL_QUERIES, legacy_answers, run_queries(store_copy, ALL_QUERIES)) == []
+
+
+def test_the_store_api_answers_every_query_alike(
+    store_copy: Path, legacy_answers: list[list[Any]]
+) -> None:
+    """Store.search runs on the pooled driver connection, with its statements and what it
+    knows of the store cached: the same answers, on the first search and on the cache."""
+    assert migrate.upgrade(store_copy).after == (migrate.head_revision(),)
+    with Store.open(store_copy) as store:
+        for _ in range(2):
+            answers = [list(store.search(**query)) for query in ALL_QUERIES]
+            assert differences(ALL_QUERIES, legacy_answers, answers) == []
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 import sqlite3
 import time
@@ -16,8 +17,10 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from hermes_store import migrate
+from hermes_store.engine import create_store_engine
 from hermes_store.errors import StoreError
 from hermes_store.models import AgentSession, Base, Message, SessionModelUsage
+from hermes_store.records import row_reader
 from hermes_store.store import (
     MULTIMODAL_PREFIX,
     AgentSessionRecord,
@@ -25,6 +28,7 @@ from hermes_store.store import (
     NewMessage,
     SessionExists,
     SessionNotFound,
+    SessionSummary,
     Store,
     TitleTaken,
 )
@@ -754,3 +758,41 @@ def test_search_finds_messages_with_the_search_contract(store: Store) -> None:
     assert len(store.search("zebrafish", include_inactive=True)) == 3
     assert len(store.search("zebrafish", limit=1)) == 1
     assert store.search("axolotl") == []
+
+
+# -- the prepared hot paths --------------------------------------------------------------
+
+
+def test_records_read_from_rows_are_the_records_init_makes() -> None:
+    rows = [tuple(range(len(dataclasses.fields(MessageRecord)))), tuple("abcdefghi")]
+    [message] = row_reader(MessageRecord)(rows[:1])
+    [summary] = row_reader(SessionSummary)(rows[1:])
+    for read, made in ((message, MessageRecord(*rows[0])), (summary, SessionSummary(*rows[1]))):
+        assert type(read) is type(made)
+        assert read == made
+        assert repr(read) == repr(made)
+        assert hash(read) == hash(made)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            read.id = "changed"  # type: ignore[misc]
+
+
+def test_create_session_refuses_columns_it_does_not_know(store: Store) -> None:
+    with pytest.raises(TypeError, match="'colour' is an invalid keyword argument"):
+        store.create_session("s1", "cli", colour="blue")
+    with pytest.raises(TypeError, match="multiple values for 'message_count'"):
+        store.create_session("s1", "cli", message_count=5)
+    assert store.get_session("s1") is None
+
+
+def test_the_store_statements_are_logged_without_their_parameters(
+    store_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Store(create_store_engine(store_file, create=False, echo=True)) as store:
+        with caplog.at_level(logging.INFO, logger="sqlalchemy.engine"):
+            store.create_session("s1", "cli")
+            store.append_message("s1", NewMessage("user", "secret words"))
+            store.messages("s1")
+    logged = [record.getMessage() for record in caplog.records]
+    assert any(line.startswith("INSERT INTO messages") for line in logged), logged
+    assert any(line.startswith("SELECT messages.id") for line in logged), logged
+    assert not any("secret" in line for line in logged)
