@@ -224,6 +224,11 @@ class Operation:
     writes: bool = False
     #: Held to MAX_RATIO by the report.
     target: bool = True
+    #: Run on a pair of copies of its own, which no other operation writes. The data
+    #: layer's batch is one multi-row INSERT where the legacy application runs one INSERT a
+    #: row: FTS5 then leaves the two copies' segments in different shapes, and the next
+    #: single appends pay different merge work for it (1.5x apart on the same code).
+    own_copies: bool = False
 
 
 def _create(plan: Plan, side: Side, n: int) -> Callable[[], Any]:
@@ -288,6 +293,7 @@ OPERATIONS: tuple[Operation, ...] = (
         _append_single,
         f"{SINGLE_APPENDS} messages, a transaction each",
         writes=True,
+        own_copies=True,
     ),
     Operation(
         f"append, batch of {BATCH_SIZE}",
@@ -398,15 +404,31 @@ class Floor:
         directory.mkdir(parents=True, exist_ok=True)
         self.rounds = rounds
         self.plan = Plan(source, rounds, seed)
-        self.sides: dict[str, Side] = {
-            DATA_LAYER: DataLayer(layouts.copy_store(source, directory / "data-layer.db")),
-            RAW: Raw(layouts.copy_store(source, directory / "raw.db")),
+        self.directory, self.source = directory, source
+        self.sides: dict[str, Side] = self._pair("")
+        self.own: dict[str, dict[str, Side]] = {}
+
+    def _pair(self, prefix: str) -> dict[str, Side]:
+        return {
+            DATA_LAYER: DataLayer(
+                layouts.copy_store(self.source, self.directory / f"{prefix}data-layer.db")
+            ),
+            RAW: Raw(layouts.copy_store(self.source, self.directory / f"{prefix}raw.db")),
         }
 
+    def sides_of(self, operation: Operation) -> dict[str, Side]:
+        """The pair of copies an operation runs on (see Operation.own_copies)."""
+        if not operation.own_copies:
+            return self.sides
+        if operation.name not in self.own:
+            self.own[operation.name] = self._pair(f"own-{len(self.own)}-")
+        return self.own[operation.name]
+
     def close(self) -> None:
-        """Close both sides."""
-        for side in self.sides.values():
-            side.close()
+        """Close both sides (of every pair)."""
+        for pair in (self.sides, *self.own.values()):
+            for side in pair.values():
+                side.close()
 
     def __enter__(self) -> Floor:
         return self
@@ -416,12 +438,13 @@ class Floor:
 
     def sample(self, operation: Operation, side: str, n: int) -> Callable[[], Any]:
         """Round n's sample of an operation on one side, prepared (the untimed part done)."""
-        prepared = operation.prepare(self.plan, self.sides[side], n)
+        on = self.sides_of(operation)[side]
+        prepared = operation.prepare(self.plan, on, n)
         if operation.writes:
             # Every sample starts from an empty WAL with nothing dirty: no automatic
             # checkpoint of earlier writes lands in it (one copies a few MiB and fsyncs,
             # several times a small sample's cost), and it pays for its own writes only.
-            checkpoint(self.sides[side].path)
+            checkpoint(on.path)
             os.sync()
         return prepared
 
