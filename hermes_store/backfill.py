@@ -27,12 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import OperationalError
 
 from hermes_store.engine import BEGIN_OPTION
 from hermes_store.fts import (
     INDEXES,
     SOURCE_VIEW,
     begin_writing,
+    index_layout,
+    is_application_layout,
     logical_index,
     present_indexes,
     retired_indexes,
@@ -343,6 +346,21 @@ def swap_in(conn: Connection, index: str) -> int:
     staged, retired = staged_name(index), index + str(head.RETIRED_SUFFIX)
     if any(item.index == staged for item in pending(conn)) or staged in merging(conn):
         raise ValueError(f"{staged} is not complete yet: it cannot replace {index}")
+    if is_application_layout(conn) or index_layout(conn, index) == "external":
+        # Someone else (the Hermes application moving to its own layout) replaced the
+        # legacy index meanwhile: its table is not ours to retire. The staged one goes.
+        for trigger in head.STAGED_TRIGGER_NAMES[index]:
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}")
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {staged}")
+        log.warning(
+            "backfill: %s was replaced by another layout while %s was built; %s dropped, "
+            "%s left as it is",
+            index,
+            staged,
+            staged,
+            index,
+        )
+        return 1
     for trigger in (*head.TRIGGER_NAMES[index], *head.STAGED_TRIGGER_NAMES[index]):
         conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}")
     conn.exec_driver_sql(f"DROP TABLE IF EXISTS {retired}")  # a leftover of an earlier swap
@@ -364,7 +382,22 @@ def retire_step(conn: Connection, retired: str, rows: int) -> int:
     declaration = conn.execute(
         text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :t"), {"t": retired}
     ).scalar()
-    if declaration is not None and not str(declaration).upper().startswith("CREATE VIRTUAL"):
+    if declaration is None:  # dropped meanwhile (another optimize, say): nothing to do
+        return 0
+    try:
+        return _retire_rows(conn, retired, rows, str(declaration))
+    except OperationalError as exc:
+        if "may not be modified" not in str(exc.orig):
+            raise
+        # A SQLite in defensive mode refuses writes to FTS5 shadow tables: drop it whole
+        # (one longer lock, once).
+        log.warning("backfill: %s dropped in one step (this SQLite refuses %s)", retired, exc.orig)
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {retired}")
+        return 1
+
+
+def _retire_rows(conn: Connection, retired: str, rows: int, declaration: str) -> int:
+    if not declaration.upper().startswith("CREATE VIRTUAL"):
         # A text copy set aside by an in-place conversion: a plain rowid table.
         deleted = int(
             conn.exec_driver_sql(
@@ -374,7 +407,7 @@ def retire_step(conn: Connection, retired: str, rows: int) -> int:
             or 0
         )
         if deleted < rows:
-            conn.exec_driver_sql(f"DROP TABLE {retired}")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {retired}")
             log.info("backfill: the set-aside copy %s is dropped", retired)
             deleted += 1
         return deleted
@@ -403,7 +436,7 @@ def retire_step(conn: Connection, retired: str, rows: int) -> int:
             or 0
         )
     if deleted < rows:
-        conn.exec_driver_sql(f"DROP TABLE {retired}")
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {retired}")
         log.info("backfill: the retired index %s is dropped", retired)
         deleted += 1
     return deleted

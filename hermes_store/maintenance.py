@@ -284,7 +284,7 @@ def _drop_retired(conn: Connection, names: list[str], locks: list[float], *, who
         return
     for name in names:
         with _writing(conn, locks):
-            conn.exec_driver_sql(f"DROP TABLE {name}")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
 
 
 def _vacuum_in_steps(driver: sqlite3.Connection, locks: list[float], say: Progress) -> int:

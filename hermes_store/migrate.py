@@ -818,13 +818,15 @@ def verify_ahead(conn: Connection) -> dict[str, str]:
         module.start_change_log(conn)
     verdicts: dict[str, str] = {}
     with conn.engine.connect() as reader, reader.begin():  # a snapshot; no lock is held
+        # The log this snapshot runs against (another upgrade may have replaced ours since).
+        log_id = module.current_log_id(reader)
         for index in inline:
             verdicts[index] = module.verify_inline(reader, index) or module.EXACT
     with _transaction(conn):
         for index, verdict in verdicts.items():
             conn.execute(
                 text("INSERT OR REPLACE INTO state_meta (key, value) VALUES (:key, :value)"),
-                {"key": module.VERIFIED_KEY.format(name=index), "value": verdict},
+                {"key": module.VERIFIED_KEY.format(name=index), "value": f"{log_id} {verdict}"},
             )
     log.info(
         "search indexes verified under a read snapshot: %s",

@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 from legacy.build import build_legacy_store
 from migration_support import clone, migration_log
+from sqlalchemy import text
 
 from hermes_store import corpus, fts, migrate
 from hermes_store.cli import main
@@ -237,3 +238,63 @@ def test_optimize_removes_the_change_log_of_a_killed_upgrade(store: Path) -> Non
     result = CliRunner().invoke(main, ["optimize", "--db", str(store), "--no-vacuum"])
     assert result.exit_code == 0, result.output
     assert not [n for n in names(store) if n.startswith(CHANGE_LOG)]
+
+
+def test_a_write_straight_to_the_legacy_index_after_the_snapshot_is_rechecked(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The application's FTS recovery (or anything else) may write the FTS table itself,
+    not `messages`: the copies' own triggers log those ids too."""
+    real = migrate.verify_ahead
+
+    def verify_then_drift(conn: Any) -> dict[str, str]:
+        verdicts = real(conn)
+        if conn.in_transaction():
+            conn.commit()
+        sql(store, f"DELETE FROM {WORD} WHERE rowid = 9")  # the index alone loses a row
+        return verdicts
+
+    monkeypatch.setattr(migrate, "verify_ahead", verify_then_drift)
+    with migration_log() as messages:
+        migrate.upgrade(str(store))
+    word = next(m for m in messages if m.startswith(f"{WORD}: "))
+    assert "changed since its verification" in word, word
+    assert fts_checks(store) == {WORD: None, TRIGRAM: None}
+
+
+def test_a_verdict_of_another_log_is_not_trusted(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another upgrade replaced the change log after this one's snapshot: the writes made
+    in between were logged in the log it dropped, so the verdict is not used."""
+    real = migrate.verify_ahead
+    module = fts_conversion()
+
+    def verify_then_replace(conn: Any) -> dict[str, str]:
+        verdicts = real(conn)
+        if conn.in_transaction():
+            conn.commit()
+        sql(store, f"DELETE FROM {WORD} WHERE rowid = 9")  # logged in the first log ...
+        engine = create_store_engine(store, create=False)
+        try:
+            with engine.begin() as other:  # ... which another upgrade replaces
+                kept = other.execute(
+                    text("SELECT key, value FROM state_meta WHERE key LIKE :k"),
+                    {"k": module.VERIFIED_KEY.format(name="%")},
+                ).all()
+                module.start_change_log(other)  # (drops the verdicts: put them back)
+                for key, value in kept:
+                    other.execute(
+                        text("INSERT INTO state_meta (key, value) VALUES (:k, :v)"),
+                        {"k": key, "v": value},
+                    )
+        finally:
+            engine.dispose()
+        return verdicts
+
+    monkeypatch.setattr(migrate, "verify_ahead", verify_then_replace)
+    with migration_log() as messages:
+        migrate.upgrade(str(store))
+    word = next(m for m in messages if m.startswith(f"{WORD}: "))
+    assert "re-created as external content" in word, word  # verified in full: drifted
+    assert fts_checks(store) == {WORD: None, TRIGRAM: None}

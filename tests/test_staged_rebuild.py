@@ -29,7 +29,7 @@ import pytest
 from click.testing import CliRunner
 from legacy.build import build_legacy_store
 
-from hermes_store import corpus, fts, migrate
+from hermes_store import backfill, corpus, fts, migrate
 from hermes_store.cli import main
 from hermes_store.engine import create_store_engine
 from hermes_store.search import search_messages
@@ -260,3 +260,35 @@ def test_check_names_the_staged_objects_and_repair_restores_them(drifted: Path) 
     assert "trigger messages_fts_next_insert" in repaired["repair"]["restored"]
     assert not {t for t in tables(drifted) if t.endswith(("_next", "_retired"))}
     assert all(a >= b for a, b in zip(legacy_hits(drifted), before, strict=True))
+
+
+def test_an_index_the_application_replaced_meanwhile_is_left_alone(drifted: Path) -> None:
+    """The Hermes application moved the word index to its own layout while it was being
+    rebuilt beside itself: the backfill drops its staged table instead of swapping."""
+    migrate.upgrade(str(drifted), x={"fts_backfill": "deferred"})
+    with contextlib.closing(sqlite3.connect(drifted)) as conn, conn:
+        for trigger in ("messages_fts_insert", "messages_fts_delete", "messages_fts_update"):
+            conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+        conn.execute(f"DROP TABLE {WORD}")
+        conn.execute("CREATE VIEW messages_fts_src AS SELECT id, content, tool_name FROM messages")
+        conn.execute(
+            f"CREATE VIRTUAL TABLE {WORD} USING fts5(content, tool_name, "
+            "content='messages_fts_src', content_rowid='id')"
+        )
+        conn.execute(f"INSERT INTO {WORD}({WORD}) VALUES ('rebuild')")
+        conn.execute("INSERT INTO state_meta (key, value) VALUES ('fts_storage_version', '1')")
+    engine = create_store_engine(drifted, create=False)
+    try:
+        backfill.run(engine, sleep=lambda _s: None)
+    finally:
+        engine.dispose()
+    names = tables(drifted)
+    assert fts.staged_name(WORD) not in names
+    with contextlib.closing(sqlite3.connect(drifted)) as conn:
+        declaration = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = ?", (WORD,)
+        ).fetchone()[0]
+        assert "tool_name" in declaration  # the application's own table, untouched
+        # its column filter still answers (a swapped-in table has no tool_name column)
+        conn.execute(f"SELECT count(*) FROM {WORD} WHERE {WORD} MATCH 'tool_name:terminal'")
+    assert "messages_fts_insert" not in names  # no trigger of ours put back on its table

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -492,57 +493,100 @@ def verify_inline(conn: sa.Connection, name: str) -> str | None:
 # -- verification ahead of the write lock ---------------------------------------------------
 # `hermes_store.migrate` verifies the legacy indexes under a read snapshot while the agent
 # keeps writing: it first installs CHANGE_LOG and its triggers (one short write), then reads,
-# then records each verdict under VERIFIED_KEY. Every message written, edited or deleted
-# after the log exists leaves its id there (the legacy FTS triggers change the index in the
-# same transactions). In the write lock this revision then re-checks only the logged ids.
+# then records each verdict under VERIFIED_KEY. Every id written, edited or deleted after the
+# log exists is logged: through `messages`, and through the legacy copies `<fts>_content`
+# themselves (the FTS5 table's own writes fire their triggers: the application's FTS recovery
+# or any write made straight to the FTS table is seen too). In the write lock this revision
+# then re-checks only the logged ids. Each installation has its own random id (LOG_ID_KEY),
+# read in the verification's snapshot and stored with the verdict: a verdict is trusted only
+# with the very log that ran since its snapshot.
 CHANGE_LOG = "hermes_store_conversion_changes"
-CHANGE_TRIGGERS = (
-    f"CREATE TRIGGER {CHANGE_LOG}_insert AFTER INSERT ON messages BEGIN "
-    f"INSERT OR IGNORE INTO {CHANGE_LOG}(id) VALUES (new.id); END",
-    f"CREATE TRIGGER {CHANGE_LOG}_update AFTER UPDATE ON messages BEGIN "
-    f"INSERT OR IGNORE INTO {CHANGE_LOG}(id) VALUES (old.id); "
-    f"INSERT OR IGNORE INTO {CHANGE_LOG}(id) VALUES (new.id); END",
-    f"CREATE TRIGGER {CHANGE_LOG}_delete AFTER DELETE ON messages BEGIN "
-    f"INSERT OR IGNORE INTO {CHANGE_LOG}(id) VALUES (old.id); END",
-)
-#: state_meta key of an index's verdict ('exact', or why not) read under the snapshot.
+LOG_ID_KEY = "hermes_store.conversion_log"
+#: state_meta key of an index's verdict: "<log id> exact", or "<log id> <why not>".
 VERIFIED_KEY = "hermes_store.conversion_verified.{name}"
 EXACT = "exact"
 
 
-def start_change_log(conn: sa.Connection) -> None:
-    """Install the change log and its triggers afresh (in the caller's write transaction)."""
+def _watched(conn: sa.Connection) -> list[str]:
+    """The tables whose writes the change log records: messages and the legacy copies."""
+    copies = [f"{name}_content" for name in (WORD, TRIGRAM)]
+    found = {
+        str(row[0])
+        for row in conn.execute(
+            sa.text(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN :n"
+            ).bindparams(sa.bindparam("n", expanding=True)),
+            {"n": copies},
+        )
+    }
+    return ["messages", *(name for name in copies if name in found)]
+
+
+def change_triggers(tables: Sequence[str]) -> dict[str, str]:
+    """Trigger name -> DDL: each insert, update and delete of ``tables`` logs its ids."""
+    log_id = f"INSERT OR IGNORE INTO {CHANGE_LOG}(id) VALUES"
+    triggers = {}
+    for table in tables:
+        for event, body in (
+            ("INSERT", f"{log_id} (new.id);"),
+            ("UPDATE", f"{log_id} (old.id); {log_id} (new.id);"),
+            ("DELETE", f"{log_id} (old.id);"),
+        ):
+            name = f"{CHANGE_LOG}__{table}_{event.lower()}"
+            triggers[name] = f"CREATE TRIGGER {name} AFTER {event} ON {table} BEGIN {body} END"
+    return triggers
+
+
+def start_change_log(conn: sa.Connection) -> str:
+    """Install the change log and its triggers afresh (in the caller's write transaction);
+    return its id."""
     drop_change_log(conn)
     conn.exec_driver_sql(f"CREATE TABLE {CHANGE_LOG} (id INTEGER PRIMARY KEY)")
-    for ddl in CHANGE_TRIGGERS:
+    for ddl in change_triggers(_watched(conn)).values():
         conn.exec_driver_sql(ddl)
+    log_id = secrets.token_hex(8)
+    conn.execute(
+        sa.text("INSERT INTO state_meta (key, value) VALUES (:key, :value)"),
+        {"key": LOG_ID_KEY, "value": log_id},
+    )
+    return log_id
 
 
 def drop_change_log(conn: sa.Connection) -> None:
-    """Remove the change log, its triggers and the recorded verdicts."""
-    for ddl in CHANGE_TRIGGERS:
-        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {ddl.split()[2]}")
+    """Remove the change log, its triggers, its id and the recorded verdicts."""
+    triggers = conn.execute(
+        sa.text("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE :p"),
+        {"p": f"{CHANGE_LOG}%"},
+    ).scalars()
+    for name in list(triggers):
+        conn.exec_driver_sql(f'DROP TRIGGER IF EXISTS "{name}"')
     conn.exec_driver_sql(f"DROP TABLE IF EXISTS {CHANGE_LOG}")
     conn.execute(
-        sa.text("DELETE FROM state_meta WHERE key LIKE :keys"),
-        {"keys": VERIFIED_KEY.format(name="%")},
+        sa.text("DELETE FROM state_meta WHERE key = :id OR key LIKE :verdicts"),
+        {"id": LOG_ID_KEY, "verdicts": VERIFIED_KEY.format(name="%")},
     )
 
 
-def _change_log_intact(conn: sa.Connection) -> bool:
-    """The log and its three triggers exist exactly as `start_change_log` made them."""
-    names = [ddl.split()[2] for ddl in (f"CREATE TABLE {CHANGE_LOG} x", *CHANGE_TRIGGERS)]
+def current_log_id(conn: sa.Connection) -> str | None:
+    """The id of the change log, when it and its triggers on `messages` and on each legacy
+    copy still in place are as installed; else None. (A copy the conversion has already
+    renamed aside keeps its triggers until the log is dropped.)"""
     found = {
         str(name): " ".join(str(sql).split())
         for name, sql in conn.execute(
-            sa.text("SELECT name, sql FROM sqlite_master WHERE name IN :names").bindparams(
-                sa.bindparam("names", expanding=True)
-            ),
-            {"names": names},
+            sa.text("SELECT name, sql FROM sqlite_master WHERE name LIKE :p"),
+            {"p": f"{CHANGE_LOG}%"},
         )
     }
-    triggers = {ddl.split()[2]: ddl for ddl in CHANGE_TRIGGERS}
-    return CHANGE_LOG in found and all(found.get(n) == sql for n, sql in triggers.items())
+    expected = change_triggers(_watched(conn))
+    if found.pop(CHANGE_LOG, None) is None or any(
+        found.get(name) != ddl for name, ddl in expected.items()
+    ):
+        return None
+    log_id = conn.execute(
+        sa.text("SELECT value FROM state_meta WHERE key = :key"), {"key": LOG_ID_KEY}
+    ).scalar()
+    return None if log_id is None else str(log_id)
 
 
 def verify_changes(conn: sa.Connection, name: str) -> str | None:
@@ -569,10 +613,11 @@ def _verify_inline(name: str) -> str | None:
         sa.text("SELECT value FROM state_meta WHERE key = :key"),
         {"key": VERIFIED_KEY.format(name=name)},
     ).scalar()
-    if recorded is None or not _change_log_intact(bind):
+    log_id, _, verdict = str(recorded or "").partition(" ")
+    if not verdict or log_id != current_log_id(bind):
         return verify_inline(bind, name)
-    if recorded != EXACT:
-        return str(recorded)
+    if verdict != EXACT:
+        return verdict
     return verify_changes(bind, name)
 
 
