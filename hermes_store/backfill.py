@@ -42,7 +42,7 @@ from hermes_store.fts import (
     staged_indexes,
     staged_name,
 )
-from hermes_store.revisions import fts_head
+from hermes_store.revisions import fts_conversion, fts_head
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +255,7 @@ def run(
     writer = engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
     with engine.connect() as conn:
         started = {item.index: rows_left(conn, item) for item in pending(conn)}
+        stale = has_change_log(conn)
     report = BackfillProgress(rows_total=max(started.values(), default=0))
     # Start small and let next_size find the byte budget that fits in max_lock_ms.
     sizes = dict.fromkeys(_fillable(), FIRST_CHUNK_BYTES)
@@ -263,6 +264,8 @@ def run(
     retire_rows: dict[str, int] = {}
     turn = 0
     with writer.connect() as conn:
+        if stale:
+            remove_stale_change_log(conn)
         # Each step is resumable, so losing the last steps to a power cut costs nothing:
         # NORMAL skips the fsync of every commit (WAL stays consistent either way).
         raw: Any = conn.connection.driver_connection
@@ -333,6 +336,27 @@ def run(
         report.checkpoint_seconds,
     )
     return report
+
+
+def remove_stale_change_log(conn: Connection) -> bool:
+    """Remove the change log an upgrade killed between its verification and its conversion
+    left (its triggers would go on logging every write of the agent); True if there was one.
+
+    Safe against an upgrade still running: without its log it verifies in full.
+    """
+    with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
+        if not has_change_log(conn):
+            return False
+        fts_conversion().drop_change_log(conn)
+    log.info("removed the change log of an interrupted upgrade")
+    return True
+
+
+def has_change_log(conn: Connection) -> bool:
+    """Whether an upgrade's change log is in the store (see migrate.verify_ahead)."""
+    name = fts_conversion().CHANGE_LOG
+    found = conn.execute(text("SELECT 1 FROM sqlite_master WHERE name = :n"), {"n": name})
+    return found.first() is not None
 
 
 def swap_in(conn: Connection, index: str) -> int:

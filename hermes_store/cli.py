@@ -481,10 +481,6 @@ def history(db: str | None, fmt: str) -> None:
     )
 
 
-#: Search layouts of this package (complete, or being rebuilt beside a legacy index).
-_OURS = ("external", "staging")
-
-
 def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
     """Per index, what an unfinished deferred backfill still has to do.
 
@@ -493,20 +489,31 @@ def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
     pages are still being freed under its retired name.
     """
     status: dict[str, dict[str, Any]] = {}
-    for item in backfill.pending(conn):
+    if fts.layout(conn) not in ("external", "staging"):  # nothing of ours to fill or drop
+        items: list[backfill.Pending] = []
+        filled: list[str] = []
+    else:
+        items, filled = backfill.pending(conn), backfill.merging(conn)
+    for item in items:
         status[item.logical] = {
             "state": "filling",
             "high_water": item.high_water,
             "indexed_upto": item.indexed_upto,
             "rows_left": backfill.rows_left(conn, item),
         }
-    for table in backfill.merging(conn):
+    for table in filled:
         status[fts.logical_index(table)] = {"state": "merging", "rows_left": 0}
     for index, table in fts.staged_indexes(conn).items():
         status.setdefault(index, {"state": "ready to swap in", "rows_left": 0})
         status[index]["table"] = table
     for table in fts.retired_indexes(conn):
         status[table] = {"state": "retired, being dropped in steps", "rows_left": 0}
+    if backfill.has_change_log(conn):  # see migrate.verify_ahead
+        status["upgrade change log"] = {
+            "state": "an upgrade is running or was interrupted; optimize, optimize-storage "
+            "or the next upgrade removes it",
+            "rows_left": 0,
+        }
     return status
 
 
@@ -520,9 +527,7 @@ def _current(engine: Engine) -> dict[str, Any]:
             "head": migrate.head_revision(),
             "fts_layout": fts.layout(conn),
             "fts_indexes": {name: fts.index_layout(conn, name) for name in fts.INDEXES},
-            "backfill": backfill_status(conn)
-            if fts.layout(conn) in ("external", "staging")
-            else {},
+            "backfill": backfill_status(conn),
         }
 
 
@@ -639,7 +644,7 @@ def storage(db: str | None, fmt: str) -> None:
         engine = open_existing(db)
         with engine.connect() as conn:
             report = storage_report(conn)
-            waiting = backfill_status(conn) if fts.layout(conn) in _OURS else {}
+            waiting = backfill_status(conn)
     if fmt == "json":
         _emit({**report.as_dict(), "backfill": waiting})
         return

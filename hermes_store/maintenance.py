@@ -34,7 +34,6 @@ from hermes_store.fts import (
     segment_count,
     staged_indexes,
 )
-from hermes_store.revisions import fts_conversion
 from hermes_store.space import Need, require_free, sqlite_temp_dir
 
 log = logging.getLogger(__name__)
@@ -186,15 +185,12 @@ def optimize(
             # wait for (FTS5 would only take the lock to find that out).
             unmerged = [name for name in names if segment_count(conn, name) not in (0, 1)]
             retired = retired_indexes(conn)
-            leftover = conn.execute(
-                text("SELECT 1 FROM sqlite_master WHERE name = :log"),
-                {"log": fts_conversion().CHANGE_LOG},
-            ).first()
+            leftover = backfill.has_change_log(conn)
             conn.rollback()
             if leftover:  # an upgrade killed between its verification and its conversion
-                say("removing an interrupted upgrade's change log")
                 with _writing(conn, locks):
-                    fts_conversion().drop_change_log(conn)
+                    backfill.remove_stale_change_log(conn)
+                say("removed an interrupted upgrade's change log")
             if retired:  # set aside by a conversion or a swap; dropped before the merges
                 say(f"dropping {', '.join(retired)}")
                 _drop_retired(conn, retired, locks, whole=bool(vacuum))

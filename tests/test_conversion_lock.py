@@ -11,6 +11,7 @@ steps, which a kill -9 interrupts harmlessly: the next upgrade, `optimize` or
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sqlite3
 import subprocess
@@ -224,9 +225,13 @@ def hits_of_legacy(path: Path, query: str) -> list[int]:
     return hits(copy, query)
 
 
-def test_optimize_removes_the_change_log_of_a_killed_upgrade(store: Path) -> None:
+@pytest.mark.parametrize("command", [["optimize", "--no-vacuum"], ["optimize-storage"]])
+def test_maintenance_removes_the_change_log_of_a_killed_upgrade(
+    store: Path, command: list[str]
+) -> None:
     """kill -9 between the verification and the conversion leaves the log (its triggers
-    keep logging the agent's writes): `optimize` removes it, as the next upgrade does."""
+    keep logging the agent's writes): `optimize` and `optimize-storage` remove it, as the
+    next upgrade does."""
     engine = create_store_engine(store, create=False)
     try:
         with engine.begin() as conn:
@@ -235,7 +240,9 @@ def test_optimize_removes_the_change_log_of_a_killed_upgrade(store: Path) -> Non
         engine.dispose()
     sql(store, "UPDATE messages SET content = 'x' WHERE id = 1")  # logged
     assert sql(store, f"SELECT id FROM {CHANGE_LOG}") == [(1,)]
-    result = CliRunner().invoke(main, ["optimize", "--db", str(store), "--no-vacuum"])
+    current = CliRunner().invoke(main, ["current", "--db", str(store), "--json"])
+    assert "upgrade change log" in json.loads(current.stdout)["backfill"]  # operators see it
+    result = CliRunner().invoke(main, [*command, "--db", str(store)])
     assert result.exit_code == 0, result.output
     assert not [n for n in names(store) if n.startswith(CHANGE_LOG)]
 
