@@ -18,7 +18,6 @@ index serving, complete.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sqlite3
 import time
@@ -29,7 +28,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import OperationalError
 
-from hermes_store.engine import BEGIN_OPTION
+from hermes_store.engine import BEGIN_OPTION, joined_transaction
 from hermes_store.fts import (
     INDEXES,
     SOURCE_VIEW,
@@ -344,7 +343,7 @@ def remove_stale_change_log(conn: Connection) -> bool:
 
     Safe against an upgrade still running: without its log it verifies in full.
     """
-    with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
+    with joined_transaction(conn):
         if not has_change_log(conn):
             return False
         fts_conversion().drop_change_log(conn)
@@ -354,9 +353,7 @@ def remove_stale_change_log(conn: Connection) -> bool:
 
 def has_change_log(conn: Connection) -> bool:
     """Whether an upgrade's change log is in the store (see migrate.verify_ahead)."""
-    name = fts_conversion().CHANGE_LOG
-    found = conn.execute(text("SELECT 1 FROM sqlite_master WHERE name = :n"), {"n": name})
-    return found.first() is not None
+    return _exists(conn, fts_conversion().CHANGE_LOG)
 
 
 def swap_in(conn: Connection, index: str) -> int:
@@ -420,38 +417,27 @@ def retire_step(conn: Connection, retired: str, rows: int) -> int:
         return 1
 
 
+#: What a retired FTS5 index is emptied of, in order: (shadow table suffix, key, rows).
+#: The first `_data` rows (averages, structure) stay until the DROP, which reads them.
+_SHADOW_PARTS = (
+    ("_data", "id", f"id > {_RESERVED_DATA_ROWS}"),
+    ("_idx", "segid, term", "1"),
+    ("_docsize", "id", "1"),
+    ("_content", "id", "1"),
+)
+
+
 def _retire_rows(conn: Connection, retired: str, rows: int, declaration: str) -> int:
-    if not declaration.upper().startswith("CREATE VIRTUAL"):
-        # A text copy set aside by an in-place conversion: a plain rowid table.
-        deleted = int(
-            conn.exec_driver_sql(
-                f"DELETE FROM {retired} WHERE rowid IN "
-                f"(SELECT rowid FROM {retired} LIMIT {int(rows)})"
-            ).rowcount
-            or 0
-        )
-        if deleted < rows:
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {retired}")
-            log.info("backfill: the set-aside copy %s is dropped", retired)
-            deleted += 1
-        return deleted
+    if declaration.upper().startswith("CREATE VIRTUAL"):
+        parts = [(retired + suffix, key, where) for suffix, key, where in _SHADOW_PARTS]
+        what = "retired index"
+    else:  # a text copy set aside by an in-place conversion: a plain rowid table
+        parts = [(retired, "rowid", "1")]
+        what = "set-aside copy"
     deleted = 0
-    shadows = {
-        "_data": f"id > {_RESERVED_DATA_ROWS}",
-        "_idx": "1",
-        "_docsize": "1",
-        "_content": "1",
-    }
-    for suffix, where in shadows.items():
-        table = retired + suffix
-        if (
-            deleted >= rows
-            or not conn.execute(
-                text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :t"), {"t": table}
-            ).first()
-        ):
+    for table, key, where in parts:
+        if deleted >= rows or not _exists(conn, table):
             continue
-        key = "segid, term" if suffix == "_idx" else "id"
         deleted += int(
             conn.exec_driver_sql(
                 f"DELETE FROM {table} WHERE ({key}) IN "
@@ -461,9 +447,15 @@ def _retire_rows(conn: Connection, retired: str, rows: int, declaration: str) ->
         )
     if deleted < rows:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {retired}")
-        log.info("backfill: the retired index %s is dropped", retired)
+        log.info("backfill: the %s %s is dropped", what, retired)
         deleted += 1
     return deleted
+
+
+def _exists(conn: Connection, name: str) -> bool:
+    """Whether the schema has an object of that name."""
+    found = conn.execute(text("SELECT 1 FROM sqlite_master WHERE name = :n"), {"n": name})
+    return found.first() is not None
 
 
 def drop_retired(
@@ -481,7 +473,7 @@ def drop_retired(
     long each step held the lock, in seconds.
     """
     locks: list[float] = []
-    with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
+    with joined_transaction(conn):
         names = retired_indexes(conn)
     for name in names:
         rows = FIRST_RETIRE_ROWS

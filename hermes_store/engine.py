@@ -317,6 +317,16 @@ def _disk_full(path: Path | None) -> bool:
 
 
 @contextlib.contextmanager
+def joined_transaction(connection: Connection) -> Iterator[None]:
+    """Join the caller's transaction, or run in one of its own."""
+    if connection.in_transaction():
+        yield
+    else:
+        with connection.begin():
+            yield
+
+
+@contextlib.contextmanager
 def sqlite_errors(path: Path | None) -> Iterator[None]:
     """Re-raise a full disk, a read-only store or a held lock as its domain error."""
     try:

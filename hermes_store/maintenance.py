@@ -208,7 +208,7 @@ def optimize(
             driver = raw.driver_connection
             assert isinstance(driver, sqlite3.Connection)
             say("checkpointing the WAL")
-            truncated = _checkpoint(driver)
+            truncated = truncate_wal(driver)
             if vacuum:
                 say("vacuuming")
                 started = time.perf_counter()
@@ -216,10 +216,10 @@ def optimize(
                 driver.execute("PRAGMA auto_vacuum=INCREMENTAL")
                 driver.execute("VACUUM")  # one transaction: the write lock, all along
                 locks.append(time.perf_counter() - started)
-                truncated = _checkpoint(driver)
+                truncated = truncate_wal(driver)
             elif vacuum is None:
                 vacuum_needed = _vacuum_in_steps(driver, locks, say)
-                truncated = _checkpoint(driver)
+                truncated = truncate_wal(driver)
         finally:
             raw.close()
     # A backup killed midway (kill -9, power loss) leaves a hidden partial copy, as large
@@ -313,7 +313,7 @@ def _vacuum_in_steps(driver: sqlite3.Connection, locks: list[float], say: Progre
 CHECKPOINT_WAIT_MS = 200
 
 
-def _checkpoint(driver: sqlite3.Connection) -> bool:
+def truncate_wal(driver: sqlite3.Connection) -> bool:
     """Copy the WAL into the database and truncate it, waiting at most CHECKPOINT_WAIT_MS.
 
     When a reader keeps it from finishing, fall back to a PASSIVE checkpoint (which never

@@ -35,6 +35,7 @@ from hermes_store.engine import (
     check_side_files,
     create_store_engine,
     db_path,
+    joined_transaction,
     require_writable,
     resolve_url,
     side_files,
@@ -52,6 +53,7 @@ from hermes_store.errors import (
     StoreReadOnly,
     UnknownSchema,
 )
+from hermes_store.maintenance import truncate_wal
 from hermes_store.revisions import (
     APP_VERSIONS,
     FIRST_APP_VERSION,
@@ -333,7 +335,7 @@ def adopt(connection: Connection, version: int | None = None) -> str | None:
     application adds without a version bump above all); rewrites no data. Runs in the
     caller's transaction, or in one of its own.
     """
-    with _transaction(connection):
+    with joined_transaction(connection):
         tables = {
             row[0]
             for row in connection.execute(text("SELECT name FROM sqlite_master WHERE type='table'"))
@@ -370,7 +372,7 @@ def restamp_misstamped(connection: Connection) -> bool:
     to 21, `alembic_version` to revisions 21 and fts1, and the layout marker is recorded.
     The chain then carries it up like any other store. Returns False when not misstamped.
     """
-    with _transaction(connection):
+    with joined_transaction(connection):
         if not _state_of(connection).misstamped:
             return False
         connection.execute(
@@ -389,16 +391,6 @@ def restamp_misstamped(connection: Connection) -> bool:
         FTS_EXTERNAL_REVISION,
     )
     return True
-
-
-@contextlib.contextmanager
-def _transaction(connection: Connection) -> Iterator[None]:
-    """Join the caller's transaction, or run in one of its own."""
-    if connection.in_transaction():
-        yield
-    else:
-        with connection.begin():
-            yield
 
 
 def _add_missing(connection: Connection, reference: dict[str, dict[str, Any]]) -> list[str]:
@@ -619,7 +611,7 @@ def prepare_store(
 
 def _facts(connection: Connection) -> tuple[tuple[str, ...], int | None, str]:
     """(revisions, schema_version, search layout) of the store, read in one transaction."""
-    with _transaction(connection):
+    with joined_transaction(connection):
         heads = tuple(sorted(MigrationContext.configure(connection).get_current_heads()))
         try:
             schema = connection.exec_driver_sql("SELECT version FROM schema_version").scalar()
@@ -694,13 +686,13 @@ def upgrade(
                 _settle(conn)
                 command.upgrade(cfg, target)
             _settle(conn)
-            with _transaction(conn):
+            with joined_transaction(conn):
                 healed = _heal_search(conn)
             # The copies an in-place conversion set aside, freed in short steps (not in its
             # lock; a kill here leaves them to the next upgrade, optimize or optimize-storage).
             _free_set_aside(conn)
         after, schema_after, layout_after = _facts(conn)
-        with _transaction(conn):
+        with joined_transaction(conn):
             pending = tuple(item.index for item in backfill.pending(conn))
     return UpgradeResult(
         path=state.path,
@@ -810,7 +802,7 @@ def verify_ahead(conn: Connection) -> dict[str, str]:
     ('exact' or why not); {} when there is nothing to convert.
     """
     module = fts_conversion()
-    with _transaction(conn):
+    with joined_transaction(conn):
         heads = MigrationContext.configure(conn).get_current_heads()
         inline = [index for index in fts.INDEXES if fts.index_layout(conn, index) == "inline"]
         if FTS_EXTERNAL_REVISION in heads or not inline or fts.is_application_layout(conn):
@@ -822,7 +814,7 @@ def verify_ahead(conn: Connection) -> dict[str, str]:
         log_id = module.current_log_id(reader)
         for index in inline:
             verdicts[index] = module.verify_inline(reader, index) or module.EXACT
-    with _transaction(conn):
+    with joined_transaction(conn):
         for index, verdict in verdicts.items():
             conn.execute(
                 text("INSERT OR REPLACE INTO state_meta (key, value) VALUES (:key, :value)"),
@@ -848,18 +840,8 @@ def _change_log_removed_on_failure(conn: Connection) -> Iterator[None]:
             # A full disk: the WAL still takes the space of what was rolled back; truncated,
             # it gives that space to the few pages the removal writes.
             driver: Any = conn.connection.driver_connection
-            (timeout,) = driver.execute("PRAGMA busy_timeout").fetchone()
-            driver.execute("PRAGMA busy_timeout=200")  # a reader: skip it, do not wait
-            try:
-                driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-            finally:
-                driver.execute(f"PRAGMA busy_timeout={int(timeout)}")
-            with conn.begin():
-                if conn.execute(
-                    text("SELECT 1 FROM sqlite_master WHERE name = :log"),
-                    {"log": fts_conversion().CHANGE_LOG},
-                ).first():
-                    fts_conversion().drop_change_log(conn)
+            truncate_wal(driver)
+            backfill.remove_stale_change_log(conn)
         except Exception:  # the original error is the one to report
             log.warning(
                 "the upgrade's change log (table %s and its triggers) could not be removed; "
@@ -1060,7 +1042,7 @@ def schema_differences(conn: Connection, revision: str) -> list[str]:
     included = {rev.revision for rev in script.iterate_revisions(wanted, "base")}
     version = max(int(rev) for rev in included if rev.isdigit())
     problems: list[str] = []
-    with _transaction(conn):
+    with joined_transaction(conn):
         try:
             found = conn.exec_driver_sql("SELECT version FROM schema_version").scalar()
         except DBAPIError:
@@ -1197,7 +1179,7 @@ def run_env(
 
 def _state_of(connection: Connection) -> StoreState:
     """Classify the store behind a caller's connection (tests, pytest-alembic)."""
-    with _transaction(connection):
+    with joined_transaction(connection):
         tables = frozenset(
             str(row[0])
             for row in connection.execute(text("SELECT name FROM sqlite_master WHERE type='table'"))
@@ -1230,7 +1212,7 @@ def _settle(conn: Connection) -> None:
 
 def current_revision(conn: Connection) -> str | None:
     """The Alembic revision(s) a connection's store is at, comma-separated (None: unversioned)."""
-    with _transaction(conn):
+    with joined_transaction(conn):
         heads = MigrationContext.configure(conn).get_current_heads()
     return ", ".join(sorted(heads)) or None
 
