@@ -415,6 +415,37 @@ def default_busy_timeout_ms() -> int:
     return value
 
 
+def prepare_store_file(
+    url: str | os.PathLike[str] | None, *, create: bool = True
+) -> tuple[str, Path | None]:
+    """Resolve a store's URL and make its file safe to open: ``(url, file or None)``.
+
+    What every opening of a store does before SQLite sees the file (an engine's, or the
+    Store's own connections'): refuse a directory and symbolic links at -wal / -shm /
+    -journal, create a missing file (mode 0600) or, with ``create=False``, raise
+    :class:`StoreNotFound` creating nothing, and make the store's files private.
+    """
+    # A read-only open must not leave an empty HERMES_HOME behind either.
+    resolved = resolve_url(url, create_home=create)
+    path = db_path(resolved)
+    if path is not None:
+        if path.is_dir():
+            raise NotADatabase(f"{path} is a directory, not a database file; pass the file's path")
+        check_side_files(path)
+        if not path.exists():
+            if not create:
+                raise StoreNotFound(
+                    f"{path}: no such database. Check --db / {ENV_URL}, or create it with "
+                    "`hermes-store upgrade --create`."
+                )
+            create_private_file(path)
+        # Once per opening, before SQLite opens the file: the -wal, -shm and -journal
+        # files SQLite creates later take the store's own mode (0600 from here on), so its
+        # connections need not check again.
+        tighten_permissions(path)
+    return resolved, path
+
+
 def create_store_engine(
     url: str | os.PathLike[str] | None = None,
     *,
@@ -437,24 +468,7 @@ def create_store_engine(
     """
     if busy_timeout_ms is None:
         busy_timeout_ms = default_busy_timeout_ms()
-    # A read-only open must not leave an empty HERMES_HOME behind either.
-    resolved = resolve_url(url, create_home=create)
-    path = db_path(resolved)
-    if path is not None:
-        if path.is_dir():
-            raise NotADatabase(f"{path} is a directory, not a database file; pass the file's path")
-        check_side_files(path)
-        if not path.exists():
-            if not create:
-                raise StoreNotFound(
-                    f"{path}: no such database. Check --db / {ENV_URL}, or create it with "
-                    "`hermes-store upgrade --create`."
-                )
-            create_private_file(path)
-        # Once per engine, before SQLite opens the file: the -wal, -shm and -journal files
-        # SQLite creates later take the store's own mode (0600 from here on), so its
-        # connections need not check again.
-        tighten_permissions(path)
+    resolved, path = prepare_store_file(url, create=create)
     engine = create_engine(
         resolved,
         echo=echo,
@@ -474,19 +488,32 @@ def create_store_engine(
     return engine
 
 
+def configure_connection(
+    dbapi_connection: sqlite3.Connection, path: Path | None, *, busy_timeout_ms: int, wal: bool
+) -> None:
+    """Set up a new sqlite3 connection to a store: what every connection of it runs first.
+
+    Transactions begun by the caller (the driver's own BEGIN is off), the busy timeout,
+    ``foreign_keys``, ``recursive_triggers`` and WAL, falling back to the rollback journal
+    with a :class:`WalUnavailableWarning` where the file system refuses it. Run on each
+    connection an engine opens, and on the Store's own (``hermes_store.prepared``).
+    """
+    # Let SQLAlchemy (not the driver) decide where transactions start: required for
+    # transactional DDL and SAVEPOINT with the stdlib driver.
+    dbapi_connection.isolation_level = None
+    dbapi_connection.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    dbapi_connection.execute("PRAGMA foreign_keys=ON")
+    dbapi_connection.execute("PRAGMA recursive_triggers=ON")
+    if wal:
+        _set_journal_mode(dbapi_connection, path)
+
+
 def _install_listeners(
     engine: Engine, path: Path | None, *, busy_timeout_ms: int, wal: bool
 ) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
-        # Let SQLAlchemy (not the driver) decide where transactions start: required for
-        # transactional DDL and SAVEPOINT with the stdlib driver.
-        dbapi_connection.isolation_level = None
-        dbapi_connection.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        dbapi_connection.execute("PRAGMA foreign_keys=ON")
-        dbapi_connection.execute("PRAGMA recursive_triggers=ON")
-        if wal:
-            _set_journal_mode(dbapi_connection, path)
+        configure_connection(dbapi_connection, path, busy_timeout_ms=busy_timeout_ms, wal=wal)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
