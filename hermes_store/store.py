@@ -54,10 +54,22 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 from sqlalchemy.orm.attributes import History
 
-from hermes_store.engine import BEGIN_OPTION, create_store_engine
+from hermes_store.engine import (
+    BEGIN_OPTION,
+    create_store_engine,
+    default_busy_timeout_ms,
+    prepare_store_file,
+)
 from hermes_store.errors import SessionExists, SessionNotFound, StoreError, TitleTaken
 from hermes_store.models import AgentSession, Message
-from hermes_store.prepared import Prepared, driver
+from hermes_store.prepared import (
+    Connections,
+    PooledConnections,
+    Prepared,
+    StoreConnections,
+    driver,
+    fetch,
+)
 from hermes_store.records import (
     AgentSessionRecord,
     MessageRecord,
@@ -175,6 +187,7 @@ _SESSION_EXISTS = Prepared.of(select(literal_column("1")).where(_s.id == bindpar
 _TITLE_TAKEN = Prepared.of(
     select(literal_column("1")).where(_s.title == bindparam("title")).limit(1)
 )
+
 _SELECT_SESSION = Prepared.of(
     select(*(_s[c.name] for c in _SESSION_COLUMNS)).where(_s.id == bindparam("id"))
 )
@@ -371,8 +384,18 @@ class Store:
     must already be at head (``migrate.upgrade``).
     """
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine | StoreConnections) -> None:
+        """A store over ``engine``'s pool, or over a store file's own connections."""
+        self._connections: Connections
+        if isinstance(engine, Engine):
+            self._connections = PooledConnections(engine)
+        else:
+            self._connections = engine
+
+    @property
+    def engine(self) -> Engine:
+        """The store's SQLAlchemy engine (a store opened by :meth:`open` makes it on first use)."""
+        return self._connections.engine
 
     # The ORM session factories, made on first use: the Store's own methods run prepared
     # statements, and opening a store should not pay for what it may never use.
@@ -389,15 +412,22 @@ class Store:
     def open(cls, url: str | os.PathLike[str] | None = None, *, create: bool = False) -> Store:
         """Open a store at ``url`` (resolved like every entry point); it must be at head.
 
-        The revision is not checked here: run ``migrate.upgrade`` first.
+        The revision is not checked here: run ``migrate.upgrade`` first. The file is
+        checked (and created) as :func:`~hermes_store.engine.create_store_engine` does;
+        the store's methods then run on sqlite3 connections of its own, and the engine
+        (:attr:`engine`, the ORM sessions) is created when first used.
         """
-        return cls(create_store_engine(url, create=create))
+        busy_timeout_ms = default_busy_timeout_ms()
+        resolved, path = prepare_store_file(url, create=create)
+        if path is None:  # in memory: one database per connection, so the engine's only
+            return cls(
+                create_store_engine(resolved, create=create, busy_timeout_ms=busy_timeout_ms)
+            )
+        return cls(StoreConnections(resolved, path, busy_timeout_ms=busy_timeout_ms, create=create))
 
     def close(self) -> None:
-        """Release the store's connections (the engine stays usable: it reconnects)."""
-        # The pool's own dispose: Engine.dispose() would also build a replacement pool,
-        # a third of what opening the store cost.
-        self.engine.pool.dispose()
+        """Close the store's connections (the store stays usable: it reconnects)."""
+        self._connections.close()
 
     def __enter__(self) -> Store:
         return self
@@ -477,7 +507,7 @@ class Store:
             if name not in _sessions.c:
                 raise TypeError(f"{name!r} is an invalid keyword argument for AgentSession")
         values.update(columns)
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             if db.execute(_SESSION_EXISTS, id=session_id).fetchone():
                 raise SessionExists(
                     f"session {session_id!r} already exists: append to it with "
@@ -515,7 +545,7 @@ class Store:
         for message in messages:
             rows.append(_message_row(session_id, message))
             tool_calls += count_tool_calls(message.tool_calls)
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             bumped = db.execute(
                 _ADD_TO_COUNTERS, session_id=session_id, messages=len(rows), tool_calls=tool_calls
             )
@@ -538,7 +568,7 @@ class Store:
     ) -> None:
         """Mark a session ended with a reason."""
         ended = time.time() if ended_at is None else ended_at
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             result = db.execute(_END_SESSION, id=session_id, ended_at=ended, end_reason=end_reason)
             if result.rowcount == 0:
                 raise SessionNotFound(f"no session {session_id!r} to end")
@@ -563,12 +593,12 @@ class Store:
         ids = list(message_ids)
         if not values or not ids:
             return 0
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             return db.execute(_SET_FLAGS[tuple(values)], ids=ids, **values).rowcount
 
     def edit_message(self, message_id: int, content: str | list[Any] | None) -> None:
         """Replace a message's text (the FTS triggers re-index it)."""
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             result = db.execute(_EDIT_MESSAGE, id=message_id, content=encode_content(content))
             if result.rowcount == 0:
                 raise StoreError(f"no message with id {message_id}")
@@ -579,7 +609,7 @@ class Store:
         Returns the number of messages deleted. Per-model usage rows go with the session
         (ON DELETE CASCADE).
         """
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             if not db.execute(_SESSION_EXISTS, id=session_id).fetchone():
                 raise SessionNotFound(f"no session {session_id!r} to delete")
             db.execute(_UNPARENT_CHILDREN, id=session_id)
@@ -591,8 +621,7 @@ class Store:
 
     def get_session(self, session_id: str) -> AgentSessionRecord | None:
         """One agent session, every column, or None when there is none with this id."""
-        with driver(self.engine) as db:
-            rows = db.execute(_SELECT_SESSION, id=session_id).fetchall()
+        rows = fetch(self._connections, _SELECT_SESSION, id=session_id)
         return _read_sessions(rows)[0] if rows else None
 
     def messages(self, session_id: str, *, include_inactive: bool = True) -> list[MessageRecord]:
@@ -601,8 +630,7 @@ class Store:
         ``include_inactive=False`` hides rewound messages (active=0) but keeps compacted
         ones (active=0, compacted=1), which the UI history still shows.
         """
-        with driver(self.engine) as db:
-            rows = db.execute(_SELECT_MESSAGES[include_inactive], session_id=session_id).fetchall()
+        rows = fetch(self._connections, _SELECT_MESSAGES[include_inactive], session_id=session_id)
         return _read_messages(rows)
 
     def list_sessions(
@@ -610,8 +638,7 @@ class Store:
     ) -> list[SessionSummary]:
         """Sessions newest first, with their message and tool-call counts."""
         statement = _LIST_SESSIONS[source is not None]
-        with driver(self.engine) as db:
-            rows = db.execute(statement, limit=limit, offset=offset, source=source).fetchall()
+        rows = fetch(self._connections, statement, limit=limit, offset=offset, source=source)
         return _read_summaries(rows)
 
     def search(
@@ -633,7 +660,7 @@ class Store:
         search fall back to a scan.
         """
         return search_store(
-            self.engine,
+            self._connections,
             query,
             source_filter=source_filter,
             exclude_sources=exclude_sources,
