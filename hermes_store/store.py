@@ -34,9 +34,11 @@ from typing import Any, cast
 from sqlalchemy import (
     BindParameter,
     Column,
+    ColumnClause,
     Connection,
     Engine,
     Integer,
+    Select,
     Table,
     TableClause,
     bindparam,
@@ -188,8 +190,19 @@ _TITLE_TAKEN = Prepared.of(
     select(literal_column("1")).where(_s.title == bindparam("title")).limit(1)
 )
 
+
+def _select_record(source: Table, columns: Sequence[Column[Any]]) -> Select[*tuple[Any, ...]]:
+    """SELECT of a record's columns from one table, by their bare names.
+
+    A connection parses a statement the first time it runs it, and a store that was just
+    opened reads on a new connection: SQLite parses the 62 names of a session qualified
+    with their table in about 10 us more than the bare ones (a sixth of that first read).
+    """
+    return select(*(column(c.name) for c in columns)).select_from(table(source.name))
+
+
 _SELECT_SESSION = Prepared.of(
-    select(*(_s[c.name] for c in _SESSION_COLUMNS)).where(_s.id == bindparam("id"))
+    _select_record(_sessions, _SESSION_COLUMNS).where(column("id") == bindparam("id"))
 )
 _END_SESSION = Prepared.of(
     update(_plain_sessions)
@@ -206,14 +219,16 @@ _UNPARENT_CHILDREN = Prepared.of(
 )
 _DELETE_MESSAGES = Prepared.of(delete(_plain_messages).where(_m.session_id == bindparam("id")))
 _DELETE_SESSION = Prepared.of(delete(_plain_sessions).where(_s.id == bindparam("id")))
-_MESSAGES = select(*(_m[c.name] for c in _MESSAGE_COLUMNS)).where(
-    _m.session_id == bindparam("session_id")
+_MESSAGES = _select_record(_messages, _MESSAGE_COLUMNS).where(
+    column("session_id") == bindparam("session_id")
 )
-_ORDER = (_m.timestamp, _m.id)
+_ORDER: tuple[ColumnClause[Any], ...] = (column("timestamp"), column("id"))
 #: A session's messages: every one, or those the UI shows (rewound ones hidden).
 _SELECT_MESSAGES = {
     True: Prepared.of(_MESSAGES.order_by(*_ORDER)),
-    False: Prepared.of(_MESSAGES.where((_m.active == 1) | (_m.compacted == 1)).order_by(*_ORDER)),
+    False: Prepared.of(
+        _MESSAGES.where((column("active") == 1) | (column("compacted") == 1)).order_by(*_ORDER)
+    ),
 }
 _SUMMARY = select(
     _s.id,
