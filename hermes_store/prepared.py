@@ -72,6 +72,8 @@ class Prepared:
     def bind(self, values: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
         """The SQL text and the positional parameters for ``values`` (by name)."""
         if not self.expanding:
+            if not self.fixed:  # the usual case, in C: a read costs a few us in all
+                return self.sql, tuple(map(values.__getitem__, self.names))
             return self.sql, tuple(
                 values[name] if name in values else self.fixed[name] for name in self.names
             )
