@@ -1,13 +1,15 @@
 """The schema at head (application schema 30) as SQLAlchemy sees it.
 
-FTS5 tables, the view and the triggers are raw DDL in the revisions."""
+FTS5 tables, the view and the triggers are raw DDL in the revisions. One model set serves
+both databases: SQLite's 64-bit INTEGER, REAL and BLOB are BIGINT, DOUBLE PRECISION and
+BYTEA on PostgreSQL, and every partial index is partial on both."""
 
 from __future__ import annotations
 
+from sqlalchemy import BLOB as SQLITE_BLOB
+from sqlalchemy import INTEGER as SQLITE_INTEGER
+from sqlalchemy import REAL as SQLITE_REAL
 from sqlalchemy import (
-    BLOB,
-    INTEGER,
-    REAL,
     TEXT,
     Column,
     ForeignKey,
@@ -19,7 +21,16 @@ from sqlalchemy import (
     literal_column,
     text,
 )
+from sqlalchemy.dialects.postgresql import BIGINT, BYTEA, DOUBLE_PRECISION
 from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
+from sqlalchemy.types import TypeEngine
+
+#: SQLite's column types, and what holds the same values on PostgreSQL: INTEGER is 64-bit
+#: in SQLite, and REAL an 8-byte float (PostgreSQL's REAL is 4 bytes: timestamps would
+#: lose their seconds).
+INTEGER: TypeEngine[int] = SQLITE_INTEGER().with_variant(BIGINT(), "postgresql")
+REAL: TypeEngine[float] = SQLITE_REAL().with_variant(DOUBLE_PRECISION(), "postgresql")
+BLOB: TypeEngine[bytes] = SQLITE_BLOB().with_variant(BYTEA(), "postgresql")
 
 ZERO = text("0")
 EMPTY = text("''")
@@ -449,3 +460,15 @@ schema_version = Table(
     Base.metadata,
     Column("version", INTEGER, nullable=False),
 )
+
+
+def _partial_on_both() -> None:
+    """Declare each partial index's WHERE once (``sqlite_where``); PostgreSQL gets the same."""
+    for table in Base.metadata.tables.values():
+        for index in table.indexes:
+            where = index.dialect_options["sqlite"]["where"]
+            if where is not None:
+                index.dialect_options["postgresql"]["where"] = where
+
+
+_partial_on_both()
