@@ -174,7 +174,7 @@ def test_a_revision_blocked_by_a_lock_gives_up_in_one_line_and_writers_go_on(
     writer = create_store_engine(pg_url)
     with holder.connect() as held:
         held.execute(text("SELECT count(*) FROM messages"))  # an open transaction reading it
-        with pytest.raises(CommandError, match="waited 0.5 s for a lock") as raised:
+        with pytest.raises(CommandError, match=r"waited 0\.5 s for a lock") as raised:
             command.upgrade(_alembic(pg_url, lock_timeout_ms="500"), "head")
         assert "\n" not in str(raised.value)
         # The writer was not queued behind the revision for longer than its timeout: it
@@ -198,3 +198,22 @@ def test_a_revision_blocked_by_a_lock_gives_up_in_one_line_and_writers_go_on(
 def test_lock_timeout_must_be_positive(pg_url: str) -> None:
     with pytest.raises(CommandError, match="above 0"):
         command.upgrade(_alembic(pg_url, lock_timeout_ms="0"), "head")
+
+
+def test_text_with_nul_round_trips_through_the_models(pg_url: str) -> None:
+    """PostgreSQL text refuses NUL; the multimodal prefix and binary tool output have it."""
+    from sqlalchemy import insert, select
+
+    from hermes_store.models import AgentSession, Message
+
+    command.upgrade(_alembic(pg_url), "head")
+    engine = create_store_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(insert(AgentSession).values(id="s", source="cli", started_at=1.0))
+        conn.execute(
+            insert(Message).values(
+                session_id="s", role="user", content='\x00json:[{"type": "text"}]', timestamp=1.0
+            )
+        )
+        assert conn.execute(select(Message.content)).scalar_one() == '\x00json:[{"type": "text"}]'
+    engine.dispose()
