@@ -75,7 +75,7 @@ from hermes_store.engine import (
     to_url,
 )
 from hermes_store.errors import SchemaTooNew, StoreError, StoreNotFound
-from hermes_store.models import Base
+from hermes_store.models import SERVER_NUL, Base
 from hermes_store.revisions import head_revision, script_directory
 
 log = logging.getLogger(__name__)
@@ -658,21 +658,25 @@ def _check_source(conn: Connection, url: str, head: str) -> tuple[str, ...]:
 
 
 def _check_text_for_postgresql(conn: Connection) -> None:
-    """PostgreSQL text cannot hold NUL characters: refuse, before writing, rows that have one."""
+    """Refuse, before writing, text that PostgreSQL would give back changed.
+
+    PostgreSQL text cannot hold NUL: the models carry it as U+FFFE there (see
+    ``hermes_store.models.SERVER_NUL``) and read U+FFFE back as NUL. So a SQLite text that
+    already holds U+FFFE (a Unicode noncharacter) would come back as another string.
+    """
     for table in copied_tables():
         texts = [c for c in table.columns if "TEXT" in str(c.type).upper()]
         if not texts:
             continue
-        has_nul = or_(*(func.instr(column, func.char(0)) > 0 for column in texts))
-        keys = conn.execute(select(*_key(table)).where(has_nul).limit(6)).all()
+        held = or_(*(func.instr(column, SERVER_NUL) > 0 for column in texts))
+        keys = conn.execute(select(*_key(table)).where(held).limit(6)).all()
         if keys:
-            count = conn.execute(select(func.count()).select_from(table).where(has_nul)).scalar()
+            count = conn.execute(select(func.count()).select_from(table).where(held)).scalar()
             shown = ", ".join(str(k[0] if len(k) == 1 else tuple(k)) for k in keys[:5])
             raise CopyRefused(
-                f"--from: {count} row(s) of {table.name} hold a NUL character (key {shown}"
-                f"{', ...' if len(keys) > 5 else ''}; multimodal messages start with one), "
-                "which PostgreSQL text cannot store; nothing was changed. The PostgreSQL data "
-                "layer has no encoding for them yet"
+                f"--from: {count} row(s) of {table.name} hold the character U+FFFE (key "
+                f"{shown}{', ...' if len(keys) > 5 else ''}), which the PostgreSQL data layer "
+                "uses to carry NUL: it would come back as NUL. Nothing was changed"
             )
 
 

@@ -43,20 +43,11 @@ MESSAGES = 400
 BATCH = 60
 
 
-def _fill(path: Path, messages: int = MESSAGES, seed: int = 5, *, nul: bool = False) -> Path:
-    """A store at head holding a corpus, a child session, usage rows, bytes and odd floats.
-
-    Without ``nul`` the multimodal messages (their text starts with a NUL character, which
-    PostgreSQL text cannot hold) are left out.
-    """
+def _fill(path: Path, messages: int = MESSAGES, seed: int = 5) -> Path:
+    """A store at head holding a corpus (multimodal messages, whose text starts with a NUL,
+    included), a child session, usage rows, bytes and odd floats."""
     migrate.upgrade(str(path))
     data = corpus.generate(messages, seed)
-    if not nul:
-        data.messages[:] = [
-            m
-            for m in data.messages
-            if not (isinstance(m["content"], str) and "\x00" in m["content"])
-        ]
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute("PRAGMA foreign_keys=ON")
         corpus.populate(conn, data)
@@ -227,16 +218,27 @@ def test_postgresql_back_to_sqlite_passes_check(source: Path, pg_url: str, tmp_p
 
 
 @pytest.mark.postgresql
-def test_a_source_with_nul_characters_is_refused_for_postgresql_before_anything(
-    tmp_path: Path, pg_url: str
-) -> None:
-    path = _fill(tmp_path / "nul.db", 300, seed=1, nul=True)
+def test_text_with_nul_characters_comes_back_the_same(tmp_path: Path, pg_url: str) -> None:
+    path = _fill(tmp_path / "nul.db", 300, seed=1)
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        if not conn.execute("SELECT 1 FROM messages WHERE instr(content, char(0))").fetchone():
-            conn.execute("UPDATE messages SET content = char(0) || 'json:[]' WHERE id = 3")
-            conn.commit()
-    with pytest.raises(CopyRefused, match="NUL character"):
-        copy_store(str(path), pg_url)
+        conn.execute("UPDATE messages SET content = char(0) || 'json:[]' WHERE id = 3")
+        conn.execute("UPDATE messages SET tool_calls = 'a' || char(0) || 'b' WHERE id = 4")
+        conn.commit()
+    result = copy_store(str(path), pg_url)
+    assert result.verification.ok, result.verification.as_dict()
+    assert _rows(pg_url, "messages") == _rows(str(path), "messages")
+    assert any(row[3] == "\x00json:[]" for row in _rows(pg_url, "messages"))
+
+
+@pytest.mark.postgresql
+def test_text_holding_the_servers_nul_stand_in_is_refused_before_anything(
+    source: Path, pg_url: str
+) -> None:
+    with contextlib.closing(sqlite3.connect(source)) as conn:
+        conn.execute("UPDATE messages SET content = 'x' || char(65534) WHERE id = 6")
+        conn.commit()
+    with pytest.raises(CopyRefused, match="U\\+FFFE"):
+        copy_store(str(source), pg_url)
     assert _tables(pg_url) == set()
 
 
