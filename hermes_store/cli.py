@@ -1284,8 +1284,6 @@ def _print_copy(result: Any) -> None:
     for key, (mine, theirs) in verification.markers.items():
         say(f"{key}: source {mine!r}, target {theirs!r} (each database's own, not copied)")
     for search in verification.searches:
-        if search.equal is None:
-            continue
         state = "equal" if search.equal else "DIFFERENT"
         say(f"search {search.query}: {search.source_hits} / {search.target_hits} hits, {state}")
     for item in verification.not_checked:

@@ -374,6 +374,20 @@ def test_append_skips_identical_rows_and_refuses_colliding_ones(
     assert result.rows["system_prompts"] == 0  # the same prompt (same hash) was there
     assert ("zz-own", "cli") in {row[:2] for row in _rows(str(target), "sessions")}
 
+    # An append copy stopped half-way resumes as one, without --append again.
+    second = tmp_path / "second.db"
+    shutil.copyfile(target, second)
+    other = _fill(tmp_path / "other.db", 200, seed=13)
+    with contextlib.closing(sqlite3.connect(other)) as conn:  # ids past the target's own
+        conn.execute("UPDATE messages SET id = id + 100000")
+        conn.execute("UPDATE sessions SET id = '0000-child-2' WHERE id = '0000-child'")
+        conn.commit()
+    with pytest.raises(Stop):
+        copy_store(str(other), str(second), append=True, batch_rows=BATCH, progress=_stop_after(2))
+    resumed = copy_store(str(other), str(second), batch_rows=BATCH)
+    assert resumed.resumed
+    assert resumed.verification.ok, resumed.verification.as_dict()
+
     clash = tmp_path / "clash.db"
     shutil.copyfile(source, clash)
     with contextlib.closing(sqlite3.connect(clash)) as conn:
