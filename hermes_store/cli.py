@@ -1175,10 +1175,6 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
             raise click.ClickException(f"search results differ for {record['query']!r}")
 
 
-if __name__ == "__main__":
-    main(prog_name="hermes-store")
-
-
 # --------------------------------------------------------------------------------------
 # copy: a whole store to another database (hermes_store.copy)
 # --------------------------------------------------------------------------------------
@@ -1292,3 +1288,7 @@ def _print_copy(result: Any) -> None:
         "verification passed" if verification.ok else "verification FAILED",
         style="green" if verification.ok else "bold red",
     )
+
+
+if __name__ == "__main__":
+    main(prog_name="hermes-store")

@@ -956,6 +956,11 @@ def _copy_tables(
                         {"keys": done},
                     )
                 _write_source(dst, {**state, "state": "complete"}, source_marker)
+            if dst.dialect.name == "postgresql":
+                # The planner's statistics of the new rows, before the agent's first query
+                # (autovacuum would gather them only later).
+                with dst.begin():
+                    dst.execute(text("ANALYZE"))
     finally:
         engine.dispose()
     return copied

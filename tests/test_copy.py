@@ -511,3 +511,31 @@ def test_the_source_is_opened_read_only(source: Path) -> None:
     finally:
         engine.dispose()
     assert os.path.getsize(source) > 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_command_in_one_line_and_the_same_command_resumes(
+    source: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "target.db"
+    command = [
+        sys.executable, "-m", "hermes_store.cli", "copy",
+        "--from", str(source), "--to", str(target), "--batch-rows", "5",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(Exception):
+            if (_scalar(str(target), "SELECT count(*) FROM messages") or 0) >= 40:
+                break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    assert stderr.strip().splitlines() == [
+        "Error: interrupted; every committed batch is kept: run the same command again to resume"
+    ]
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr
+    assert "resumed" in again.stdout
+    assert "verification passed" in again.stdout
