@@ -23,29 +23,25 @@ describe a database's own search index (`hermes_store.fts_layout`: 'external' on
 'expression' on PostgreSQL; the deferred-backfill markers; `fts_optimize_available`) keep
 the value the target's upgrade wrote; every other key is copied.
 
-Verification (`verify_copy`) reads both sides again: row counts and a checksum per table,
-computed here in Python over the values the drivers return (floats, bytes, NULLs and
-integers normalised by the column's type), so no database hash function is trusted; and
-the hit sets of sample searches run on both sides.
+Verification (`verify_copy`) reads both sides again: row counts and a checksum per table
+(``hermes_store.tablesum``: computed in Python over the values the drivers return, so no
+database hash function is trusted), and the hit sets of sample searches on both sides.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    BLOB,
-    REAL,
     Column,
     ColumnElement,
     Connection,
@@ -77,6 +73,7 @@ from hermes_store.engine import (
 from hermes_store.errors import SchemaTooNew, StoreError, StoreNotFound
 from hermes_store.models import SERVER_NUL, Base
 from hermes_store.revisions import head_revision, script_directory
+from hermes_store.tablesum import row_digest, table_sum
 
 log = logging.getLogger(__name__)
 
@@ -333,64 +330,6 @@ def _own_filter(table: Table) -> Any:
     conditions: list[ColumnElement[bool]] = [key.notin_(sorted(OWN_KEYS))]
     conditions += [~key.startswith(prefix, autoescape=True) for prefix in OWN_PREFIXES]
     return and_(*conditions)
-
-
-def _normaliser(column: Column[Any]) -> Callable[[Any], bytes]:
-    """How one column's value is encoded for the checksum, the same on both databases."""
-    affinity = type(column.type)
-    is_real = issubclass(affinity, REAL) or "REAL" in str(column.type)
-    is_blob = issubclass(affinity, BLOB) or "BLOB" in str(column.type)
-
-    def encode(value: Any) -> bytes:
-        if value is None:
-            return b"N"
-        if isinstance(value, (memoryview, bytearray)) or (is_blob and isinstance(value, bytes)):
-            raw = bytes(value)
-            return b"b%d:" % len(raw) + raw
-        if isinstance(value, bool):
-            value = int(value)
-        if is_real and isinstance(value, int):
-            value = float(value)
-        if isinstance(value, float):
-            return b"f" + value.hex().encode()
-        if isinstance(value, int):
-            return b"i%d" % value
-        if isinstance(value, str):
-            raw = value.encode("utf-8", "surrogatepass")
-            return b"s%d:" % len(raw) + raw
-        if isinstance(value, bytes):
-            return b"b%d:" % len(value) + value
-        raw = repr(value).encode()
-        return b"r%d:" % len(raw) + raw
-
-    return encode
-
-
-class _Checksum:
-    """An order-independent checksum of a multiset of rows: the sum of their SHA-256."""
-
-    MOD = 1 << 256
-
-    def __init__(self, table: Table) -> None:
-        self.encoders = [_normaliser(column) for column in table.columns]
-        self.total = 0
-        self.rows = 0
-
-    def add(self, row: Sequence[Any]) -> None:
-        digest = hashlib.sha256()
-        for encode, value in zip(self.encoders, row, strict=True):
-            digest.update(encode(value))
-        self.total = (self.total + int.from_bytes(digest.digest(), "big")) % self.MOD
-        self.rows += 1
-
-    def hexdigest(self) -> str:
-        return f"{self.total:064x}"
-
-
-def _row_digest(table: Table, row: Sequence[Any]) -> str:
-    check = _Checksum(table)
-    check.add(row)
-    return check.hexdigest()
 
 
 # --------------------------------------------------------------------------------------
@@ -688,7 +627,7 @@ def _check_collisions(source: Connection, target: Connection, table: Table, afte
         there = _existing(target, table, rows)
         for row in rows:
             ident = tuple(row._mapping[c.name] for c in key)
-            if ident in there and there[ident] != _row_digest(table, row):
+            if ident in there and there[ident] != row_digest(table, row):
                 shown = ident[0] if len(ident) == 1 else ident
                 raise CopyRefused(
                     f"--append: {table.name} {shown!r} is already in the target with other "
@@ -707,7 +646,7 @@ def _existing(target: Connection, table: Table, rows: Sequence[Any]) -> dict[tup
     else:
         condition = tuple_(*key).in_(idents)
     return {
-        tuple(row._mapping[c.name] for c in key): _row_digest(table, row)
+        tuple(row._mapping[c.name] for c in key): row_digest(table, row)
         for row in target.execute(select(*table.columns).where(condition))
     }
 
@@ -978,41 +917,6 @@ def _write_source(conn: Connection, state: dict[str, Any], previous: str | None)
 # --------------------------------------------------------------------------------------
 
 
-def _table_sum(
-    conn: Connection, table: Table, keys: Iterable[Sequence[Any]] | None = None
-) -> _Checksum:
-    """Rows and checksum of a table (only the rows with these keys, when given)."""
-    check = _Checksum(table)
-    where = _own_filter(table)
-    if keys is None:
-        query = select(*table.columns)
-        if where is not None:
-            query = query.where(where)
-        for row in conn.execution_options(yield_per=BATCH_ROWS).execute(query):
-            check.add(row)
-        return check
-    key = _key(table)
-    batch: list[Sequence[Any]] = []
-
-    def flush() -> None:
-        if not batch:
-            return
-        if len(key) == 1:
-            condition = key[0].in_([ident[0] for ident in batch])
-        else:
-            condition = tuple_(*key).in_([tuple(ident) for ident in batch])
-        for row in conn.execute(select(*table.columns).where(condition)):
-            check.add(row)
-        batch.clear()
-
-    for ident in keys:
-        batch.append(ident)
-        if len(batch) >= 500:
-            flush()
-    flush()
-    return check
-
-
 def _state_meta_markers(conn: Connection) -> dict[str, str | None]:
     rows = conn.execute(text("SELECT key, value FROM state_meta")).all()
     return {str(k): v for k, v in rows if is_own_key(str(k)) and not k.startswith(MARKER_PREFIX)}
@@ -1078,19 +982,15 @@ def verify_copy(source: Engine | str, target: str, *, append: bool = False) -> V
         with _snapshot(reader) as src, _snapshot(dst_engine) as dst:
             result.revisions = (_revisions(src), _revisions(dst))
             for table in Base.metadata.sorted_tables:
-                if table.name in REVISION_TABLES:
-                    a = _table_sum(src, table)
-                    b = _table_sum(dst, table)
-                elif append:
-                    a = _table_sum(src, table)
-                    key = _key(table)
-                    keys = select(*key)
-                    where = _own_filter(table)
-                    if where is not None:
-                        keys = keys.where(where)
-                    b = _table_sum(dst, table, (tuple(r) for r in src.execute(keys)))
+                where = _own_filter(table)
+                a = table_sum(src, table, where)
+                if append and table.name not in REVISION_TABLES:
+                    # Only the target's rows whose keys the source has: the rest are its own.
+                    keys = select(*_key(table))
+                    keys = keys if where is None else keys.where(where)
+                    b = table_sum(dst, table, where, keys=(tuple(r) for r in src.execute(keys)))
                 else:
-                    a, b = _table_sum(src, table), _table_sum(dst, table)
+                    b = table_sum(dst, table, where)
                 result.tables.append(
                     TableCheck(table.name, a.rows, b.rows, a.hexdigest(), b.hexdigest())
                 )
