@@ -939,7 +939,9 @@ def _search_available(engine: Engine) -> str | None:
     """
     try:
         with _snapshot(engine) as conn:
-            _search_hits(conn, {"query": "error"})
+            from hermes_store.search import search_messages
+
+            search_messages(conn, "error", limit=1)
     except Exception as exc:  # any failure means: not available on this database
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         name = "PostgreSQL" if engine.dialect.name == "postgresql" else engine.dialect.name
