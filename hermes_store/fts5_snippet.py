@@ -12,8 +12,9 @@ API
 ``Term = tuple[str, bool]``
     One query token as written in the query (not folded: this module folds it the way the
     tokenizer folds the document), and whether it is a prefix (``tok*``). A term whose text
-    the tokenizer splits (``foo_bar``, ``don't``) stands for its tokens in a row, the prefix
-    flag applying to the last one, as in FTS5.
+    the tokenizer splits (``foo_bar``, ``don't``) stands for its tokens in a row. As in
+    FTS5, a term's prefix flag is set on the last token of the phrase so far, even when
+    the term itself brings no token (``"e"* + "-"`` is the exact token ``e``).
 ``Phrase = Sequence[Term]``
     A bare word is a one-term phrase; ``"a b c"`` is a three-term phrase; ``"a b"*`` makes
     the last term a prefix.
@@ -23,7 +24,10 @@ end="<<<", ellipsis="...") -> str``
     phrases in the order they appear in it (FTS5 numbers them so, and the number breaks ties
     between instances at one position). ``near`` lists the NEAR groups as ``(indexes into
     phrases, distance)``: their phrases keep only the instances that take part in a match of
-    the group (FTS5's own trimming), none at all when the group does not match.
+    the group (FTS5's own trimming), none at all when the group does not match; except
+    that, as in FTS5, when every token of a failed group occurs in the row, the phrases
+    tested before the first one that does not occur as a phrase keep all their instances
+    and show when the group is an OR branch of its own.
     ``groups``, when given, tells which phrases count on this row: FTS5 highlights a phrase
     only where the part of the query that holds it matched the row. The contract's
     sanitised queries have no parentheses, and FTS5 binds juxtaposition tightest, then
@@ -38,6 +42,15 @@ end="<<<", ellipsis="...") -> str``
     left empty matches nothing, as in FTS5. ``None`` counts every phrase that occurs, which
     is exact for queries without ``NOT`` whose groups all matched (a plain AND query, or
     an OR of single phrases).
+
+    The one case this cannot follow: FTS5 moves the phrases after a ``NOT`` only while the
+    NOT's left side has rows left in the table; once it has none, those phrases stay on
+    the row where they were and are highlighted there if that row comes back through
+    another OR branch. That depends on the table's other rows; this module never
+    highlights phrases after ``NOT``. And where SQLite 3.40 itself is not stable (its NEAR
+    trimming can read a buffer it has just grown, losing the last instances of a NEAR
+    group on long texts from one run to the next), this module gives every instance that
+    takes part in a match.
 ``trigram_snippet(text, substrings, *, groups=None, tokens=40, start=">>>", end="<<<",
 ellipsis="...") -> str``
     The ``trigram`` tokenizer (``case_sensitive=0``); each substring is one quoted token of
@@ -47,12 +60,16 @@ ellipsis="...") -> str``
 What it reproduces
 ------------------
 - unicode61: token characters are ASCII letters and digits and, above ASCII, the
-  characters FTS5's own category table puts in ``L*``, ``N*`` or ``Co`` (it predates recent
-  Unicode versions, so ``unicodedata`` is not used); the 25 combining diacritics FTS5
-  removes continue a token but never start one; the underscore and every other character
-  separate tokens. Folding (lower case, diacritics removed) follows FTS5's table too. The
-  tables below were measured from SQLite 3.40 itself, code point by code point (the tests
-  check them again against the running SQLite).
+  characters FTS5's own category table puts in ``L*``, ``N*`` or ``Co``. That table
+  predates recent Unicode versions and counts code points it does not know as token
+  characters, so ``unicodedata`` is not used: ``²``, ``½``, ``①``, private-use characters
+  and emoji such as ``🙂`` are token characters, while ``€``, ``©``, ``™``, ``✓`` or
+  ``→`` separate. The 25 combining diacritics FTS5 removes continue a token but never
+  start one (other combining marks separate); the underscore and every other ASCII
+  character that is not a letter or digit separate tokens. Folding (lower case,
+  diacritics removed) follows FTS5's table too. The tables below were measured from
+  SQLite 3.40 itself, code point by code point (the tests check them again against the
+  running SQLite).
 - trigram: every run of three characters is a token, folded to lower case without removing
   diacritics; a NUL character ends the text.
 - the snippet: FTS5 scores a window of ``tokens`` tokens at each phrase instance (1000 for
@@ -61,8 +78,9 @@ What it reproduces
   elsewhere), keeps the first best, centres it on its hits, then copies the window's text
   with overlapping instances merged into one highlight. Positions are tokens, offsets UTF-8
   bytes, as in FTS5, including its quirks: ``tokens=1`` (and less) copies the whole text
-  up to the last highlight; two highlights whose bytes overlap (trigram) repeat the text
-  between them; a NUL byte cuts each piece of copied text.
+  up to the last highlight; when a highlight starts inside the bytes of the previous one
+  (trigram: ``"abc" OR "cde"`` on ``abcde``), FTS5 copies the rest of the text before
+  opening it; a NUL byte cuts each piece of copied text.
 """
 
 from __future__ import annotations
@@ -459,7 +477,8 @@ def _counting(
     A phrase with no token (a quoted string of separators) is dropped by FTS5 from its
     operand; an operand left with none matches nothing. ``partial`` holds, for each NEAR
     group left half-tested on this row, the instances FTS5 still reports (see
-    ``_half_tested``): they count when the group is an OR branch of its own.
+    ``_half_tested``): they count when the group is an operand of its own, an OR branch or
+    the right side of a NOT (no AND above it clears them).
     """
     if groups is None:
         return lists
@@ -473,6 +492,9 @@ def _counting(
             continue
         if all(lists[i] for operand in operands for i in operand):
             counted.update((i, lists[i]) for operand in operands for i in operand)
+            # A half-tested NEAR group that is a NOT operand of its own stays on the row.
+            for operand in negated:
+                counted.update((partial or {}).get(frozenset(operand), {}))
         elif partial and len(operands) == 1 and frozenset(operands[0]) in partial:
             counted.update(partial[frozenset(operands[0])])
     return [counted.get(i, []) for i in range(len(lists))]
@@ -666,6 +688,27 @@ def _snippet(
     return _render(data, doc, _instances(lists, sizes), tokens, encoded)
 
 
+def _word_instances(
+    text: str, phrases: Sequence[Phrase], near: Sequence[Near]
+) -> tuple[list[_Token], list[list[int]], list[int], _Partial]:
+    """The document's tokens, each phrase's instances after NEAR trimming, each phrase's
+    size in tokens, and what half-tested NEAR groups still report."""
+    doc = _word_tokens(text)
+    words = [token.text for token in doc]
+    patterns = [_word_pattern(phrase) for phrase in phrases]
+    sizes = [len(pattern) for pattern in patterns]
+    lists = [_positions(words, pattern) for pattern in patterns]
+    partial: _Partial = {}
+    for group, distance in near:
+        members = [i for i in group if sizes[i]]
+        trimmed = _trim_near([lists[i] for i in members], [sizes[i] for i in members], distance)
+        if len(members) > 1 and not any(trimmed):
+            partial[frozenset(members)] = _half_tested(words, patterns, lists, members)
+        for i, positions in zip(members, trimmed, strict=True):
+            lists[i] = positions
+    return doc, lists, sizes, partial
+
+
 def word_snippet(
     text: str,
     phrases: Sequence[Phrase],
@@ -682,19 +725,7 @@ def word_snippet(
     ``text`` is the indexed text of the row; ``phrases``, ``near`` and ``groups`` describe
     the query (see the module docstring).
     """
-    doc = _word_tokens(text)
-    words = [token.text for token in doc]
-    patterns = [_word_pattern(phrase) for phrase in phrases]
-    sizes = [len(pattern) for pattern in patterns]
-    lists = [_positions(words, pattern) for pattern in patterns]
-    partial: _Partial = {}
-    for group, distance in near:
-        members = [i for i in group if sizes[i]]
-        trimmed = _trim_near([lists[i] for i in members], [sizes[i] for i in members], distance)
-        if len(members) > 1 and not any(trimmed):
-            partial[frozenset(members)] = _half_tested(words, patterns, lists, members)
-        for i, positions in zip(members, trimmed, strict=True):
-            lists[i] = positions
+    doc, lists, sizes, partial = _word_instances(text, phrases, near)
     lists = _counting(lists, sizes, groups, partial)
     return _snippet(text, doc, lists, sizes, tokens, (start, end, ellipsis))
 

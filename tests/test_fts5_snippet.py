@@ -22,18 +22,21 @@ from hermes_store.fts5_snippet import (
     Term,
     _positions,
     _trigram_tokens,
-    _trim_near,
-    _word_pattern,
+    _word_instances,
     _word_tokens,
     trigram_snippet,
     word_snippet,
 )
 
 SETTINGS = settings(
-    max_examples=150,
+    max_examples=300,
     derandomize=True,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
 )
 
 MARKS = (">>>", "<<<", "...")
@@ -209,9 +212,11 @@ SEPARATORS = [
 ]
 
 
-def documents(max_words: int = 60) -> st.SearchStrategy[str]:
+def documents(max_words: int = 60, min_words: int = 0) -> st.SearchStrategy[str]:
     words = st.lists(
-        st.tuples(st.sampled_from(WORDS), st.sampled_from(SEPARATORS)), max_size=max_words
+        st.tuples(st.sampled_from(WORDS), st.sampled_from(SEPARATORS)),
+        min_size=min_words,
+        max_size=max_words,
     )
     lead = st.sampled_from(["", "", " ", ". ", "\n"])
     return st.builds(
@@ -293,7 +298,9 @@ VARIANTS = [str.lower, str.upper, str.swapcase, lambda w: w, lambda w: w]
 
 
 @st.composite
-def word_queries(draw: st.DrawFn, docs: Sequence[str], max_items: int = 4) -> Query:
+def word_queries(
+    draw: st.DrawFn, docs: Sequence[str], max_items: int = 4, near: bool = True
+) -> Query:
     """Queries whose phrases are mostly taken from the documents, so that rows match."""
     pieces = [d.split() for d in docs if d.split()]
 
@@ -312,7 +319,7 @@ def word_queries(draw: st.DrawFn, docs: Sequence[str], max_items: int = 4) -> Qu
         return (term(draw(st.sampled_from(QUERY_WORDS))),)
 
     def item() -> Item:
-        if draw(st.integers(0, 3)) == 0:
+        if near and draw(st.integers(0, 3)) == 0:
             count = draw(st.integers(2, 3))
             return Item(tuple(phrase() for _ in range(count)), draw(st.integers(0, 12)))
         return Item((phrase(),))
@@ -323,19 +330,11 @@ def word_queries(draw: st.DrawFn, docs: Sequence[str], max_items: int = 4) -> Qu
 
 
 def word_occurrences(text: str, phrases: Sequence[Phrase], near: Sequence[Near]) -> list[bool]:
-    """Whether each phrase occurs in the text (after NEAR trimming)."""
-    words = [token.text for token in _word_tokens(text)]
-    patterns = [_word_pattern(p) for p in phrases]
-    lists = [_positions(words, pattern) for pattern in patterns]
-    for members, distance in near:
-        kept = [i for i in members if patterns[i]]
-        trimmed = _trim_near([lists[i] for i in kept], [len(patterns[i]) for i in kept], distance)
-        for i, positions in zip(kept, trimmed, strict=True):
-            lists[i] = positions
-    return [
-        bool(positions) and bool(pattern)
-        for positions, pattern in zip(lists, patterns, strict=True)
-    ]
+    """Whether each phrase occurs in the text after NEAR trimming, or is left on the row by
+    a half-tested NEAR group."""
+    _, lists, _, partial = _word_instances(text, phrases, near)
+    kept = {i for reported in partial.values() for i, positions in reported.items() if positions}
+    return [bool(positions) or i in kept for i, positions in enumerate(lists)]
 
 
 def depends_on_other_rows(groups: Sequence[Group], occurs: Sequence[bool]) -> bool:
@@ -376,18 +375,27 @@ def check_word(docs: Sequence[str], query: Query, tokens: int = 40) -> int:
 
 
 @SETTINGS
-@given(data=st.data(), docs=st.lists(documents(), min_size=1, max_size=5))
+@given(
+    data=st.data(),
+    docs=st.lists(st.one_of(documents(), documents(90, min_words=30)), min_size=1, max_size=5),
+)
 def test_word_snippets_equal_fts5(data: st.DataObject, docs: list[str]) -> None:
     check_word(docs, data.draw(word_queries(docs)))
 
 
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=60)
 @given(data=st.data(), docs=st.lists(long_documents(), min_size=1, max_size=2))
 def test_word_snippets_of_long_texts_equal_fts5(data: st.DataObject, docs: list[str]) -> None:
-    check_word(docs, data.draw(word_queries(docs, 3)))
+    # No NEAR on texts this long: SQLite 3.40's own NEAR trimming is not stable there. It
+    # rewrites a phrase's position list in place while reading it, and growing the buffer
+    # can leave it reading freed memory: on " " + BLOCK * 122 + TAIL (see
+    # test_near_on_long_texts_is_unstable_in_sqlite_3_40) highlight() with
+    # NEAR(naïve "3" "don't", 9) reports 361, 362 or 366 highlights from one run to the
+    # next. The module gives 366, every instance that takes part in a match.
+    check_word(docs, data.draw(word_queries(docs, 3, near=False)))
 
 
-@settings(SETTINGS, max_examples=60)
+@settings(SETTINGS, max_examples=150)
 @given(
     data=st.data(),
     docs=st.lists(documents(25), min_size=1, max_size=4),
@@ -666,3 +674,13 @@ def test_not_operand_of_an_exhausted_group_is_the_known_divergence() -> None:
     assert alone == [(1, ">>>error error<<<")]
     assert with_later_a[0] == (1, ">>>error<<< >>>error<<<")
     assert word_snippet("error error", phrases, groups=groups) == ">>>error<<< >>>error<<<"
+
+
+def test_near_on_long_texts_is_unstable_in_sqlite_3_40() -> None:
+    """The module's answer where SQLite 3.40's varies between runs (see the long-text
+    property): all 122 triples of the repeated block are near each other."""
+    block = "Straße...数据库 don't \tİstanbul 3? H₂O; errors\nnaïve. foo_bar: Ωmega  Über  "
+    text = " " + block * 122 + "\nStraße...数据库 - \ue000; 한국어: \ue000? σίσυφος"
+    phrases = [word("naïve"), word("3"), word("don't")]
+    got = word_snippet(text, phrases, near=[([0, 1, 2], 9)], tokens=0, start="[", end="]")
+    assert got.count("[") == 366
