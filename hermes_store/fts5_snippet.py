@@ -46,11 +46,14 @@ end="<<<", ellipsis="...") -> str``
     The one case this cannot follow: FTS5 moves the phrases after a ``NOT`` only while the
     NOT's left side has rows left in the table; once it has none, those phrases stay on
     the row where they were and are highlighted there if that row comes back through
-    another OR branch. That depends on the table's other rows; this module never
-    highlights phrases after ``NOT``. And where SQLite 3.40 itself is not stable (its NEAR
-    trimming can read a buffer it has just grown, losing the last instances of a NEAR
-    group on long texts from one run to the next), this module gives every instance that
-    takes part in a match.
+    another OR branch. Likewise, when a NEAR group fails on a row holding all of its
+    tokens, the phrases after the first one that does not occur as a phrase are not
+    tested on that row, and FTS5 may report the positions they had on the last row where
+    they were. Both depend on the table's other rows; this module never highlights phrases
+    after ``NOT``, nor the untested phrases of a NEAR group. And where SQLite 3.40 itself
+    is not stable (its NEAR trimming can read a buffer it has just grown, losing the last
+    instances of a NEAR group on long texts from one run to the next), this module gives
+    every instance that takes part in a match.
 ``trigram_snippet(text, substrings, *, groups=None, tokens=40, start=">>>", end="<<<",
 ellipsis="...") -> str``
     The ``trigram`` tokenizer (``case_sensitive=0``); each substring is one quoted token of
@@ -315,7 +318,7 @@ def _expand(table: str) -> dict[int, str]:
 _CLASS_STARTS, _CLASS_KINDS = _classes(_CLASSES)
 _FOLD_WORD = _expand(_FOLD_REMOVING_DIACRITICS)
 _FOLD_TRIGRAM = _expand(_FOLD_KEEPING_DIACRITICS)
-_SEPARATOR, _TOKEN, _CONTINUE = 0, 1, 2
+_SEPARATOR, _TOKEN = 0, 1  # 2: continues a token, never starts one
 
 
 @functools.lru_cache(maxsize=4096)
@@ -548,20 +551,25 @@ def _cdiv2(value: int) -> int:
 
 
 def _window_score(
-    insts: list[_Instance], first: int, tokens: int, doc_size: int
+    insts: list[_Instance], starts: list[int], first: int, tokens: int, doc_size: int
 ) -> tuple[int, int]:
-    """Score the window of ``tokens`` tokens from ``first``, and where to centre it."""
+    """Score the window of ``tokens`` tokens from ``first``, and where to centre it.
+
+    ``starts`` are the instances' positions, to find the window's instances by bisection
+    (FTS5 scans them all; the order within the window is the same).
+    """
     seen: set[int] = set()
     score = 0
     lead = -1
     last = 0
-    for inst in insts:
-        if first <= inst.pos < first + tokens:
-            score += 1 if inst.phrase in seen else 1000
-            seen.add(inst.phrase)
-            if lead < 0:
-                lead = inst.pos
-            last = inst.pos + inst.size
+    low = bisect.bisect_left(starts, first)
+    high = bisect.bisect_left(starts, first + tokens) if tokens > 0 else low
+    for inst in insts[low:high]:
+        score += 1 if inst.phrase in seen else 1000
+        seen.add(inst.phrase)
+        if lead < 0:
+            lead = inst.pos
+        last = inst.pos + inst.size
     centred = lead - _cdiv2(tokens - (last - lead))
     if centred + tokens > doc_size:
         centred = doc_size - tokens
@@ -587,14 +595,15 @@ def _best_start(data: bytes, doc: list[_Token], insts: list[_Instance], tokens: 
     starts = _sentence_starts(data, doc)
     best_score = 0
     best_start = 0
+    positions = [inst.pos for inst in insts]
     for inst in insts:
-        score, centred = _window_score(insts, inst.pos, tokens, doc_size)
+        score, centred = _window_score(insts, positions, inst.pos, tokens, doc_size)
         if score > best_score:
             best_score, best_start = score, centred
         if starts and doc_size > tokens:
             sentence = starts[bisect.bisect_right(starts, inst.pos) - 1]
             if sentence < inst.pos:
-                score, _ = _window_score(insts, sentence, tokens, doc_size)
+                score, _ = _window_score(insts, positions, sentence, tokens, doc_size)
                 score += 120 if sentence == 0 else 100
                 if score > best_score:
                     best_score, best_start = score, sentence

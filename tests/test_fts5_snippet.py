@@ -23,13 +23,14 @@ from hermes_store.fts5_snippet import (
     _positions,
     _trigram_tokens,
     _word_instances,
+    _word_pattern,
     _word_tokens,
     trigram_snippet,
     word_snippet,
 )
 
 SETTINGS = settings(
-    max_examples=300,
+    max_examples=200,
     derandomize=True,
     deadline=None,
     suppress_health_check=[
@@ -352,6 +353,26 @@ def depends_on_other_rows(groups: Sequence[Group], occurs: Sequence[bool]) -> bo
     return False
 
 
+def stale_near_members(text: str, phrases: Sequence[Phrase], near: Sequence[Near]) -> bool:
+    """The other corner that depends on other rows: a NEAR group all of whose tokens occur
+    in the row, but one of whose phrases does not occur as a phrase, while a phrase after
+    it in the group does not get tested on this row at all. FTS5 leaves that phrase with
+    the positions of the last row it was tested on, and may report them here."""
+    words = [token.text for token in _word_tokens(text)]
+    patterns = [_word_pattern(p) for p in phrases]
+    for members, _ in near:
+        kept = [i for i in members if patterns[i]]
+        tokens = [term for i in kept for term in patterns[i]]
+        if not all(
+            any(w.startswith(t) if prefix else w == t for w in words) for t, prefix in tokens
+        ):
+            continue
+        missing = [j for j, i in enumerate(kept) if not _positions(words, patterns[i])]
+        if missing and missing[0] < len(kept) - 1:
+            return True
+    return False
+
+
 SKIPPED: list[tuple[str, str]] = []
 
 
@@ -362,7 +383,9 @@ def check_word(docs: Sequence[str], query: Query, tokens: int = 40) -> int:
     compared = 0
     for rowid, expected in rows:
         text = docs[rowid - 1]
-        if depends_on_other_rows(groups, word_occurrences(text, phrases, near)):
+        if depends_on_other_rows(
+            groups, word_occurrences(text, phrases, near)
+        ) or stale_near_members(text, phrases, near):
             SKIPPED.append((text, query.fts5()))
             continue
         got = word_snippet(text, phrases, near=near, groups=groups, tokens=tokens)
