@@ -3,6 +3,13 @@
 Every property builds an in-memory FTS5 table (unicode61 or trigram), inserts a few random
 documents, runs a random MATCH, and for every row FTS5 returns compares its snippet() with
 the module's for the same text and query.
+
+Two corners depend on the table's other rows, not on the row and the query, and are left
+out of the properties, each row so left out counted in SKIPPED (see
+depends_on_other_rows and stale_near_members, and the tests that show them at the end):
+phrases after a NOT whose left side FTS5 has exhausted, and the untested phrases of a
+NEAR group that fails on a row holding all its tokens. NEAR is also left out of the
+long-text property, where SQLite 3.40's own answer is not stable from run to run.
 """
 
 from __future__ import annotations
@@ -613,6 +620,8 @@ def word(text: str, prefix: bool = False) -> Phrase:
 )
 def test_plain_word_examples(text: str, phrases: list[Phrase], expected: str) -> None:
     assert word_snippet(text, phrases) == expected
+    query = " OR ".join(Item((tuple(p),)).fts5() for p in phrases)
+    assert fts5_snippets(fts5(), [text], query) == [(1, expected)]
 
 
 def test_long_text_is_cut_around_the_hit_and_marked() -> None:
