@@ -37,7 +37,7 @@ from hermes_store.fts5_snippet import (
 )
 
 SETTINGS = settings(
-    max_examples=200,
+    max_examples=150,
     derandomize=True,
     deadline=None,
     suppress_health_check=[
@@ -413,7 +413,7 @@ def test_word_snippets_equal_fts5(data: st.DataObject, docs: list[str]) -> None:
     check_word(docs, data.draw(word_queries(docs)))
 
 
-@settings(SETTINGS, max_examples=60)
+@settings(SETTINGS, max_examples=40)
 @given(data=st.data(), docs=st.lists(long_documents(), min_size=1, max_size=2))
 def test_word_snippets_of_long_texts_equal_fts5(data: st.DataObject, docs: list[str]) -> None:
     # No NEAR on texts this long: SQLite 3.40's own NEAR trimming is not stable there. It
@@ -425,7 +425,7 @@ def test_word_snippets_of_long_texts_equal_fts5(data: st.DataObject, docs: list[
     check_word(docs, data.draw(word_queries(docs, 3, near=False)))
 
 
-@settings(SETTINGS, max_examples=150)
+@settings(SETTINGS, max_examples=100)
 @given(
     data=st.data(),
     docs=st.lists(documents(25), min_size=1, max_size=4),
