@@ -647,6 +647,19 @@ _PG_ADVICE = {
 }
 
 
+def redact_server_error(error: BaseException) -> BaseException:
+    """Drop a PostgreSQL error's DETAIL and HINT from its text, in place, and return it.
+
+    The DETAIL may quote the row ("Failing row contains (...)", "Key (title)=(...) already
+    exists"), and message text must never reach an exception's text (or a traceback, where
+    the driver's error is the cause). The class (so the SQLSTATE) and ``diag`` are kept.
+    """
+    diag = getattr(error, "diag", None)
+    if diag is not None and (diag.message_detail or diag.message_hint):
+        error.args = (diag.message_primary or type(error).__name__,)
+    return error
+
+
 def translate_server_error(exc: BaseException, url: str) -> StoreError | None:
     """The domain error for a PostgreSQL failure the operator can act on, else None."""
     for error in _chain(exc):
@@ -690,7 +703,22 @@ def _create_server_engine(url: str, *, busy_timeout_ms: int, echo: bool) -> Engi
 
     @event.listens_for(engine, "handle_error")
     def _on_error(context: ExceptionContext) -> BaseException | None:
-        return translate_server_error(context.original_exception, url)
+        error = context.original_exception
+        text_before = str(error)
+        redact_server_error(error)
+        translated = translate_server_error(error, url)
+        if translated is not None or str(error) == text_before:
+            return translated
+        import psycopg  # the message SQLAlchemy made quoted the DETAIL: made again without
+
+        return DBAPIError.instance(
+            context.statement,
+            context.parameters,
+            error,
+            psycopg.Error,
+            hide_parameters=True,
+            dialect=engine.dialect,
+        )
 
     return engine
 

@@ -25,7 +25,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,7 +35,14 @@ from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import Executable
 
-from hermes_store.engine import SQL_LOGGER, configure_connection, create_store_engine
+from hermes_store.engine import (
+    SQL_LOGGER,
+    configure_connection,
+    create_store_engine,
+    redact_server_error,
+    translate_server_error,
+)
+from hermes_store.models import from_server_text, to_server_text
 
 _DIALECT = sqlite.dialect()
 #: The logger of the store's engine (create_store_engine): statements are logged there.
@@ -47,7 +54,8 @@ class Prepared:
     """A Core statement compiled for SQLite: its text and its parameters' names in order.
 
     An ``expanding`` parameter (``column.in_(bindparam(name, expanding=True))``) takes a
-    list of values: its marks are rendered per call, one per value.
+    list of values: its marks are rendered per call, one per value. :attr:`on_server` is
+    the same statement compiled for PostgreSQL, on first use.
     """
 
     sql: str
@@ -55,11 +63,15 @@ class Prepared:
     #: Values the statement carries itself (literals such as ``coalesce(x, 0)``'s 0).
     fixed: Mapping[str, Any]
     expanding: frozenset[str]
+    #: The Core statement it was compiled from, and the driver's parameter mark.
+    statement: Executable | None = field(default=None, compare=False, repr=False)
+    mark: str = "?"
 
     @classmethod
-    def of(cls, statement: Executable) -> Prepared:
-        """Compile ``statement`` once."""
-        compiled = statement.compile(dialect=_DIALECT)  # type: ignore[attr-defined]
+    def of(cls, statement: Executable, *, server: bool = False) -> Prepared:
+        """Compile ``statement`` once (for SQLite; for PostgreSQL with ``server``)."""
+        dialect = _server_dialect() if server else _DIALECT
+        compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
         names = tuple(compiled.positiontup or ())
         binds = compiled.binds
         return cls(
@@ -67,7 +79,16 @@ class Prepared:
             names,
             {n: binds[n].value for n in names if not binds[n].required},
             frozenset(n for n in names if binds[n].expanding),
+            statement,
+            "%s" if server else "?",
         )
+
+    @functools.cached_property
+    def on_server(self) -> Prepared:
+        """The same statement compiled for PostgreSQL (psycopg's ``%s`` marks)."""
+        if self.statement is None:
+            raise TypeError("a Prepared made without its statement cannot be recompiled")
+        return Prepared.of(self.statement, server=True)
 
     def bind(self, values: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
         """The SQL text and the positional parameters for ``values`` (by name)."""
@@ -81,15 +102,58 @@ class Prepared:
         for name in self.names:
             value = values[name] if name in values else self.fixed[name]
             if name in self.expanding:
-                sql = sql.replace(f"__[POSTCOMPILE_{name}]", ",".join("?" * len(value)), 1)
+                marks = ",".join([self.mark] * len(value))
+                sql = sql.replace(f"__[POSTCOMPILE_{name}]", marks, 1)
                 params.extend(value)
             else:
                 params.append(value)
         return sql, tuple(params)
 
 
+@functools.cache
+def _server_dialect() -> Dialect:
+    """PostgreSQL through psycopg 3, with positional ``%s`` parameters."""
+    from sqlalchemy.dialects.postgresql import psycopg
+
+    return psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
+
+
+class _ServerCursor:
+    """A psycopg cursor whose rows give NUL where PostgreSQL text holds U+FFFE."""
+
+    __slots__ = ("_cursor",)
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    @staticmethod
+    def _row(row: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(from_server_text(v) if isinstance(v, str) else v for v in row)
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        row = self._cursor.fetchone() if self._cursor.description else None
+        return None if row is None else self._row(row)
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        if not self._cursor.description:
+            return []
+        return [self._row(row) for row in self._cursor.fetchall()]
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.fetchall())
+
+
 class Driver:
-    """A DBAPI connection running prepared statements: a pooled one, or the Store's own."""
+    """A DBAPI connection running prepared statements: a pooled one, or the Store's own.
+
+    On PostgreSQL (``server``) the statements run in their PostgreSQL form, text crosses
+    with NUL as U+FFFE (as the models' TEXT does), and a driver error the operator can act
+    on is raised as its domain error, as through the engine.
+    """
 
     __slots__ = (
         "_log",
@@ -100,6 +164,8 @@ class Driver:
         "lease",
         "logger",
         "owner",
+        "server",
+        "url",
     )
 
     def __init__(
@@ -123,11 +189,15 @@ class Driver:
         #: What its lender needs to take it back (the pool's proxy, or the generation).
         self.lease: Any = None
         self._log = logger.isEnabledFor(logging.INFO)
+        self.server = dialect.name == "postgresql"
+        self.url = ""
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """Execute one statement; a driver error is raised as SQLAlchemy raises it."""
         if self._log:
             self.logger.info("%s", sql)
+        if self.server:
+            return self._run_on_server(sql, params)  # type: ignore[return-value]
         try:
             return self.connection.execute(sql, params)
         except sqlite3.Error as exc:
@@ -140,9 +210,43 @@ class Driver:
                 dialect=self.dialect,
             ) from exc
 
+    def _run_on_server(self, sql: str, params: Sequence[Any]) -> _ServerCursor:
+        import psycopg
+
+        sent = tuple(to_server_text(v) if isinstance(v, str) else v for v in params)
+        try:
+            return _ServerCursor(self.connection.execute(sql, sent))
+        except psycopg.Error as exc:
+            wrapped = DBAPIError.instance(
+                sql,
+                sent,
+                redact_server_error(exc),
+                psycopg.Error,
+                hide_parameters=self.hide_parameters,
+                dialect=self.dialect,
+            )
+            translated = translate_server_error(exc, self.url)
+            if translated is not None:
+                raise translated from wrapped
+            raise wrapped from exc
+
     def execute(self, statement: Prepared, **values: Any) -> sqlite3.Cursor:
         """Execute a prepared statement with its parameters by name."""
+        if self.server:
+            statement = statement.on_server
         return self.run(*statement.bind(values))
+
+    def begin_write(self) -> None:
+        """Begin a write transaction: SQLite's write lock now; psycopg begins on its own."""
+        if not self.server:
+            self.run("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        """Commit the transaction."""
+        if self.server:
+            self.connection.commit()
+        else:
+            self.run("COMMIT")
 
 
 class Connections(Protocol):
@@ -182,6 +286,8 @@ class PooledConnections:
             hide_parameters=self.engine.hide_parameters,
         )
         runner.lease = pooled
+        if runner.server:
+            runner.url = self.engine.url.render_as_string(hide_password=True)
         return runner
 
     def give(self, runner: Driver) -> None:
@@ -342,8 +448,8 @@ def driver(source: Engine | Connections, *, write: bool = False) -> Iterator[Dri
     """A connection's driver for the block; with ``write``, one write transaction.
 
     ``source`` is an engine (its pool lends the connection) or a store's connections.
-    ``write=True`` begins with ``BEGIN IMMEDIATE`` (the write lock, waited for up to the
-    busy timeout), commits when the block ends and rolls back when it raises. Without it
+    ``write=True`` begins with ``BEGIN IMMEDIATE`` on SQLite (the write lock, waited for
+    up to the busy timeout), commits when the block ends and rolls back when it raises. Without it
     each statement is its own (read) transaction.
     """
     lender = PooledConnections(source) if isinstance(source, Engine) else source
@@ -352,10 +458,10 @@ def driver(source: Engine | Connections, *, write: bool = False) -> Iterator[Dri
         if not write:
             yield runner
             return
-        runner.run("BEGIN IMMEDIATE")
+        runner.begin_write()
         try:
             yield runner
-            runner.run("COMMIT")
+            runner.commit()
         except BaseException:
             runner.connection.rollback()  # a no-op when COMMIT ended the transaction
             raise

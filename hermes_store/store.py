@@ -167,13 +167,17 @@ _INSERT_HEAD, _, _INSERT_TAIL = _INSERT_MESSAGE.sql.partition(_VALUES_ROW)
 _INSERT_CHUNK = 1000
 
 
-@functools.lru_cache(maxsize=64)
-def _insert_messages_sql(rows: int) -> str:
+@functools.lru_cache(maxsize=128)
+def _insert_messages_sql(rows: int, server: bool = False) -> str:
     """The prepared INSERT with ``rows`` rows of values: ``VALUES (...), (...) RETURNING id``.
 
     One statement for many rows costs SQLite about half what one statement per row does
     (every statement runs the FTS and display triggers' programs anew).
     """
+    if server:  # PostgreSQL's marks carry casts (%s::BIGINT): the row as compiled
+        head, _, rest = _INSERT_MESSAGE.on_server.sql.partition(" VALUES ")
+        row, _, tail = rest.partition(" RETURNING ")
+        return f"{head} VALUES {', '.join([row] * rows)} RETURNING {tail}"
     return _INSERT_HEAD + ", ".join([_VALUES_ROW] * rows) + _INSERT_TAIL
 
 
@@ -572,7 +576,7 @@ class Store:
             for start in range(0, len(rows), _INSERT_CHUNK):
                 chunk = rows[start : start + _INSERT_CHUNK]
                 flat = [value for row in chunk for value in row]
-                ids += (i for (i,) in db.run(_insert_messages_sql(len(chunk)), flat))
+                ids += (i for (i,) in db.run(_insert_messages_sql(len(chunk), db.server), flat))
         # RETURNING does not promise an order, but AUTOINCREMENT hands out increasing ids
         # in insertion order, which is the order of `rows`: sorted, they match.
         ids.sort()
