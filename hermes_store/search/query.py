@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hermes_store.errors import QueryTooComplex
@@ -216,3 +217,377 @@ def _normalise_sort(sort: object) -> str | None:
     if isinstance(sort, str) and sort.strip().lower() in ("newest", "oldest"):
         return sort.strip().lower()
     return None
+
+
+# -- the FTS5 query language as a tree ------------------------------------------------------
+# What a sanitised query means, so that a database without FTS5 can answer it: the grammar
+# of SQLite's fts5parse.y (3.40), checked against FTS5 itself by tests/test_search_parser.py.
+# Binding, tightest first: a run of adjacent phrases / NEAR groups (implicit AND), NOT, AND,
+# OR; all left-associative. Only phrases and NEAR groups join implicitly: `(a) b` is an
+# error, as are `-`, `:`, `{`, `}` and `^` here (column filters and initial-token queries,
+# which the sanitiser never lets through). A phrase without tokens (`"..."`) matches
+# nothing, and is dropped where it is one of an implicit AND's operands; inside a NEAR
+# group it is ignored.
+
+#: FTS5's default NEAR distance.
+NEAR_DISTANCE = 10
+
+
+class QuerySyntaxError(ValueError):
+    """FTS5 would reject this MATCH expression (the search then answers no rows)."""
+
+
+@dataclass(frozen=True)
+class Phrase:
+    """Consecutive tokens; a token marked as prefix matches any token it starts.
+
+    ``text`` is each written segment of the phrase (a bareword, or a string's contents),
+    so a database can tokenise them itself; ``tokens`` is how FTS5 tokenised them.
+    """
+
+    tokens: tuple[tuple[str, bool], ...]
+    text: tuple[tuple[str, bool], ...]
+
+
+@dataclass(frozen=True)
+class Near:
+    """NEAR(p1 p2 ..., distance): every phrase, each ending at most ``distance`` tokens
+    before the start of the last one to start."""
+
+    phrases: tuple[Phrase, ...]
+    distance: int
+
+
+@dataclass(frozen=True)
+class And:
+    """Every operand matches."""
+
+    operands: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    """At least one operand matches."""
+
+    operands: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Not:
+    """``positive`` matches and ``negative`` does not (FTS5's binary NOT)."""
+
+    positive: Node
+    negative: Node
+
+
+@dataclass(frozen=True)
+class Nothing:
+    """Matches no row: what a phrase without tokens becomes (FTS5's EOF node)."""
+
+
+Node = Phrase | Near | And | Or | Not | Nothing
+NOTHING = Nothing()
+
+_FTS5_SPACE = " \t\n\r"
+_FTS5_PUNCTUATION = "(){}:,+*-^"
+
+
+def _is_bareword(char: str) -> bool:
+    """sqlite3Fts5IsBareword: non-ASCII, ASCII letters and digits, `_`, and 0x1A."""
+    return char >= "\x80" or char.isalnum() or char in "_\x1a"
+
+
+def _lex(expression: str) -> list[tuple[str, str]]:
+    """FTS5's tokens of a MATCH expression: (kind, text); kind is the punctuation itself,
+    "STRING" (bareword or quoted), "QUOTED", or an operator ("AND", "OR", "NOT")."""
+    text = expression.split("\0", 1)[0]  # FTS5 reads the expression up to its first NUL
+    tokens: list[tuple[str, str]] = []
+    position = 0
+    while position < len(text):
+        char = text[position]
+        if char in _FTS5_SPACE:
+            position += 1
+        elif char in _FTS5_PUNCTUATION:
+            tokens.append((char, char))
+            position += 1
+        elif char == '"':
+            pieces, position = [], position + 1
+            while True:
+                end = text.find('"', position)
+                if end == -1:
+                    raise QuerySyntaxError("unterminated string")
+                pieces.append(text[position:end])
+                if text.startswith('"', end + 1):  # "" inside a string is one quote
+                    pieces.append('"')
+                    position = end + 2
+                else:
+                    position = end + 1
+                    break
+            tokens.append(("QUOTED", "".join(pieces)))
+        elif _is_bareword(char):
+            start = position
+            while position < len(text) and _is_bareword(text[position]):
+                position += 1
+            word = text[start:position]
+            tokens.append((word if word in _OPERATORS else "STRING", word))
+        else:
+            raise QuerySyntaxError(f"syntax error near {char!r}")
+    return tokens
+
+
+def _is_token_char(char: str) -> bool:
+    """unicode61's token characters (categories L*, N*, Co; marks are folded away)."""
+    category = unicodedata.category(char)
+    return category[0] in "LNM" or category == "Co"
+
+
+def _fold_token(token: str) -> str:
+    """unicode61's folding (remove_diacritics=1): lower case, without combining marks."""
+    decomposed = unicodedata.normalize("NFD", token.lower())
+    return unicodedata.normalize(
+        "NFC", "".join(char for char in decomposed if not unicodedata.combining(char))
+    )
+
+
+def word_tokens(text: str) -> list[str]:
+    """The tokens unicode61 makes of ``text`` (an approximation in Python, exact for the
+    letters and digits of the Latin, Greek, Cyrillic and CJK scripts)."""
+    tokens, current = [], []
+    for char in text:
+        if _is_token_char(char):
+            current.append(char)
+        elif current:
+            tokens.append("".join(current))
+            current = []
+    if current:
+        tokens.append("".join(current))
+    return [folded for token in tokens if (folded := _fold_token(token))]
+
+
+def trigram_tokens(text: str) -> list[str]:
+    """The trigram tokenizer's view of a query string: the whole string, matched as a
+    substring when it has at least 3 characters, else nothing."""
+    return [text] if len(text) >= 3 else []
+
+
+class _Parser:
+    """Recursive descent over _lex's tokens, one method per rule of fts5parse.y."""
+
+    def __init__(self, expression: str, tokenize: Callable[[str], list[str]]) -> None:
+        self.tokens = _lex(expression)
+        self.position = 0
+        self.tokenize = tokenize
+
+    def peek(self, offset: int = 0) -> str | None:
+        index = self.position + offset
+        return self.tokens[index][0] if index < len(self.tokens) else None
+
+    def take(self, kind: str | None = None) -> tuple[str, str]:
+        if self.position >= len(self.tokens):
+            raise QuerySyntaxError("unexpected end of query")
+        token = self.tokens[self.position]
+        if kind is not None and token[0] != kind:
+            raise QuerySyntaxError(f"syntax error near {token[1]!r}")
+        self.position += 1
+        return token
+
+    def query(self) -> Node:
+        node = self.binary(0)
+        if self.position != len(self.tokens):
+            raise QuerySyntaxError(f"syntax error near {self.tokens[self.position][1]!r}")
+        return node
+
+    _LEVELS = ("OR", "AND", "NOT")
+
+    def binary(self, level: int) -> Node:
+        if level == len(self._LEVELS):
+            return self.unary()
+        operator = self._LEVELS[level]
+        node = self.binary(level + 1)
+        while self.peek() == operator:
+            self.take()
+            right = self.binary(level + 1)
+            node = Not(node, right) if operator == "NOT" else _join(operator, node, right)
+        return node
+
+    def unary(self) -> Node:
+        if self.peek() == "(":
+            self.take()
+            node = self.binary(0)
+            self.take(")")
+            return node
+        operands = [self.nearset()]
+        while self.peek() in ("STRING", "QUOTED"):
+            operands.append(self.nearset())
+        kept = [node for node in operands if not isinstance(node, Nothing)]
+        if not kept:
+            return NOTHING
+        return kept[0] if len(kept) == 1 else And(tuple(kept))
+
+    def nearset(self) -> Node:
+        if self.peek() == "STRING" and self.peek(1) == "(":
+            word = self.take()[1]
+            if word != "NEAR":
+                raise QuerySyntaxError(f"syntax error near {word!r}")
+            self.take("(")
+            phrases = [self.phrase()]
+            while self.peek() in ("STRING", "QUOTED"):
+                phrases.append(self.phrase())
+            distance = NEAR_DISTANCE
+            if self.peek() == ",":
+                self.take()
+                number = self.take()[1]
+                if not number.isascii() or not number.isdigit():
+                    raise QuerySyntaxError(f"expected integer, got {number!r}")
+                distance = int(number)
+            self.take(")")
+            kept = tuple(phrase for phrase in phrases if phrase.tokens)
+            if not kept:
+                return NOTHING
+            return kept[0] if len(kept) == 1 else Near(kept, distance)
+        phrase = self.phrase()
+        return phrase if phrase.tokens else NOTHING
+
+    def phrase(self) -> Phrase:
+        tokens: list[tuple[str, bool]] = []
+        texts: list[tuple[str, bool]] = []
+        while True:
+            kind, text = self.take()
+            if kind not in ("STRING", "QUOTED"):
+                raise QuerySyntaxError(f"syntax error near {text!r}")
+            prefix = self.peek() == "*"
+            if prefix:
+                self.take()
+            words = self.tokenize(text)
+            tokens += [(word, prefix and i == len(words) - 1) for i, word in enumerate(words)]
+            texts.append((text, prefix))
+            if self.peek() != "+":
+                return Phrase(tuple(tokens), tuple(texts))
+            self.take()
+
+
+def _join(operator: str, left: Node, right: Node) -> Node:
+    """``left AND right`` or ``left OR right``, flattened."""
+    kind = And if operator == "AND" else Or
+    operands: list[Node] = []
+    for node in (left, right):
+        operands += node.operands if isinstance(node, kind) else [node]
+    return kind(tuple(operands))
+
+
+def parse_query(expression: str, *, trigram: bool = False) -> Node:
+    """The tree of an FTS5 MATCH expression (a sanitised query; for the trigram index, the
+    route's match string). Raises QuerySyntaxError where FTS5 reports an error."""
+    return _Parser(expression, trigram_tokens if trigram else word_tokens).query()
+
+
+def simplify(node: Node) -> Node:
+    """The same matches with Nothing propagated: an AND with Nothing, or a NOT whose left
+    side is Nothing, is Nothing; Nothing leaves an OR and the right side of a NOT."""
+    if isinstance(node, And):
+        operands = [simplify(operand) for operand in node.operands]
+        if any(isinstance(operand, Nothing) for operand in operands):
+            return NOTHING
+        return And(tuple(operands))
+    if isinstance(node, Or):
+        kept = [o for o in map(simplify, node.operands) if not isinstance(o, Nothing)]
+        if not kept:
+            return NOTHING
+        return kept[0] if len(kept) == 1 else Or(tuple(kept))
+    if isinstance(node, Not):
+        positive, negative = simplify(node.positive), simplify(node.negative)
+        if isinstance(positive, Nothing) or isinstance(negative, Nothing):
+            return positive
+        return Not(positive, negative)
+    return node
+
+
+def phrases_of(node: Node) -> list[Phrase]:
+    """Every phrase of the tree with tokens, in query order (NEAR groups' included)."""
+    if isinstance(node, Phrase):
+        return [node]
+    if isinstance(node, Near):
+        return list(node.phrases)
+    if isinstance(node, And | Or):
+        return [phrase for operand in node.operands for phrase in phrases_of(operand)]
+    if isinstance(node, Not):
+        return phrases_of(node.positive) + phrases_of(node.negative)
+    return []
+
+
+@dataclass(frozen=True)
+class Highlight:
+    """What a snippet marks: each phrase as (token, is_prefix) pairs, in query order, and
+    each NEAR group as (indexes of its phrases, distance)."""
+
+    phrases: tuple[tuple[tuple[str, bool], ...], ...]
+    near: tuple[tuple[tuple[int, ...], int], ...]
+
+
+def highlight_of(node: Node) -> Highlight:
+    """The phrases and NEAR groups a snippet highlighter needs for a query tree."""
+    phrases: list[tuple[tuple[str, bool], ...]] = []
+    near: list[tuple[tuple[int, ...], int]] = []
+
+    def visit(item: Node) -> None:
+        if isinstance(item, Phrase):
+            phrases.append(item.tokens)
+        elif isinstance(item, Near):
+            first = len(phrases)
+            phrases.extend(phrase.tokens for phrase in item.phrases)
+            near.append((tuple(range(first, len(phrases))), item.distance))
+        elif isinstance(item, And | Or):
+            for operand in item.operands:
+                visit(operand)
+        elif isinstance(item, Not):
+            visit(item.positive)
+            visit(item.negative)
+
+    visit(node)
+    return Highlight(tuple(phrases), tuple(near))
+
+
+def matches(node: Node, tokens: Sequence[str]) -> bool:
+    """Whether a document of these (folded) tokens matches the tree, as FTS5 decides."""
+    if isinstance(node, Phrase):
+        return bool(_phrase_starts(node, tokens))
+    if isinstance(node, Near):
+        return _near_matches(node, tokens)
+    if isinstance(node, And):
+        return all(matches(operand, tokens) for operand in node.operands)
+    if isinstance(node, Or):
+        return any(matches(operand, tokens) for operand in node.operands)
+    if isinstance(node, Not):
+        return matches(node.positive, tokens) and not matches(node.negative, tokens)
+    return False
+
+
+def _phrase_starts(phrase: Phrase, tokens: Sequence[str]) -> list[int]:
+    """The positions where ``phrase`` starts in ``tokens``."""
+    size = len(phrase.tokens)
+
+    def fits(start: int) -> bool:
+        return all(
+            tokens[start + i].startswith(word) if prefix else tokens[start + i] == word
+            for i, (word, prefix) in enumerate(phrase.tokens)
+        )
+
+    return [start for start in range(len(tokens) - size + 1) if fits(start)]
+
+
+def _near_matches(near: Near, tokens: Sequence[str]) -> bool:
+    """fts5ExprNearIsMatch: one instance of each phrase such that every one ends at most
+    ``distance`` tokens before the last instance starts."""
+    starts = [_phrase_starts(phrase, tokens) for phrase in near.phrases]
+    if not all(starts):
+        return False
+    for latest in {start for positions in starts for start in positions}:
+        if all(
+            any(
+                start <= latest and latest - start - len(phrase.tokens) <= near.distance
+                for start in positions
+            )
+            for phrase, positions in zip(near.phrases, starts, strict=True)
+        ):
+            return True
+    return False
