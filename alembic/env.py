@@ -6,6 +6,7 @@ import warnings
 from logging.config import fileConfig
 from typing import Any
 
+from alembic.operations.ops import AlterColumnOp, ModifyTableOps
 from alembic.util import CommandError
 from sqlalchemy import Column, Connection
 from sqlalchemy.exc import SAWarning
@@ -41,8 +42,9 @@ warnings.filterwarnings(
 
 
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
-    """Keep autogenerate away from the FTS5 tables, their shadow tables and views."""
-    if type_ == "table" and name is not None:
+    """Keep autogenerate away from the FTS5 tables, their shadow tables and views, and from
+    PostgreSQL's search indexes (expression indexes the revisions own)."""
+    if type_ in ("table", "index") and name is not None:
         return not name.startswith(UNOWNED_PREFIXES)
     return True
 
@@ -54,6 +56,28 @@ def include_object(
     if type_ == "index" and name in EXPRESSION_INDEXES:
         return False
     return include_name(name, type_, None)
+
+
+def _keys_not_null_on_postgresql(context_: Any, _revision: Any, directives: list[Any]) -> None:
+    """PostgreSQL makes every primary-key column NOT NULL; the models declare the legacy
+    SQLite DDL (no NOT NULL on a TEXT key), so that difference is not one to migrate."""
+    if context_.dialect.name != "postgresql":
+        return
+    for script in directives:
+        for upgrade_ops in script.upgrade_ops_list:
+            for table_ops in upgrade_ops.ops:
+                if isinstance(table_ops, ModifyTableOps):
+                    table_ops.ops = [op for op in table_ops.ops if not _key_nullability(op)]
+            upgrade_ops.ops = [ops for ops in upgrade_ops.ops if not ops.is_empty()]
+
+
+def _key_nullability(operation: object) -> bool:
+    if not isinstance(operation, AlterColumnOp) or operation.modify_nullable is None:
+        return False
+    table = target_metadata.tables.get(operation.table_name)
+    column = table.columns.get(operation.column_name) if table is not None else None
+    others = (operation.modify_type, operation.modify_server_default, operation.modify_name)
+    return column is not None and column.primary_key and all(o in (None, False) for o in others)
 
 
 def _target() -> tuple[bool, str | None]:
@@ -82,6 +106,7 @@ def run_migrations(connection: Connection, **overrides: Any) -> None:
         include_name=include_name,
         include_object=include_object,
         compare_type=True,
+        process_revision_directives=_keys_not_null_on_postgresql,
     )
     with context.begin_transaction():
         context.run_migrations()

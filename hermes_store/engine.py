@@ -14,12 +14,14 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, ExceptionContext, make_url
-from sqlalchemy.exc import DBAPIError, ResourceClosedError
+from sqlalchemy.exc import ArgumentError, DBAPIError, ResourceClosedError
 from sqlalchemy.pool import QueuePool, StaticPool
 
 from hermes_store.errors import (
     DiskFull,
     NotADatabase,
+    NotOnThisDatabase,
+    ServerUnavailable,
     StoreBusy,
     StoreError,
     StoreNotFound,
@@ -42,6 +44,10 @@ BEGIN_OPTION = "sqlite_begin"
 _BEGIN_MODES = {"DEFERRED", "IMMEDIATE", "EXCLUSIVE"}
 #: Files SQLite keeps next to a store; a symbolic link at any of them is refused.
 SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
+#: The backends hermes-store runs on, and the one driver it uses for PostgreSQL (psycopg 3).
+SQLITE = "sqlite"
+POSTGRESQL = "postgresql"
+PG_DRIVER = "psycopg"
 #: The logger of every engine this module builds (SQLAlchemy's SQL echo, off by default).
 SQL_LOGGER = "sqlalchemy.engine.Engine.hermes_store"
 
@@ -78,7 +84,7 @@ def to_url(path_or_url: str | os.PathLike[str]) -> str:
     """
     text = os.fspath(path_or_url)
     if "://" in text:
-        return text
+        return _supported_url(text)
     if text == ":memory:":
         return "sqlite://"
     given = Path(text).expanduser()
@@ -90,6 +96,58 @@ def to_url(path_or_url: str | os.PathLike[str]) -> str:
     # A link to an existing store is followed: SQLite keeps -wal / -shm next to its target.
     database = str(given.resolve())
     return URL.create("sqlite", database=database).render_as_string(hide_password=False)
+
+
+def _supported_url(text: str) -> str:
+    """A SQLite URL as given; a PostgreSQL one with the psycopg 3 driver named; else refused.
+
+    ``postgres://`` and ``postgresql://`` (which SQLAlchemy would hand to psycopg2) mean
+    ``postgresql+psycopg://``.
+    """
+    try:
+        parsed = make_url(text)
+    except ArgumentError as exc:
+        raise StoreError(f"not a database URL: {exc}") from exc
+    backend, _, driver_name = parsed.drivername.partition("+")
+    if backend == SQLITE:
+        return text
+    if backend in (POSTGRESQL, "postgres"):
+        if driver_name and driver_name != PG_DRIVER:
+            raise StoreError(
+                f"{parsed.drivername}://: hermes-store talks to PostgreSQL through psycopg 3 "
+                f"only; use postgresql+{PG_DRIVER}://..."
+            )
+        parsed = parsed.set(drivername=f"{POSTGRESQL}+{PG_DRIVER}")
+        return parsed.render_as_string(hide_password=False)
+    raise StoreError(
+        f"{parsed.drivername}:// is not supported: hermes-store runs on SQLite (a file path or "
+        f"sqlite:///PATH) and PostgreSQL (postgresql+{PG_DRIVER}://USER@HOST/DATABASE)"
+    )
+
+
+def backend_name(url: str) -> str:
+    """``"sqlite"`` or ``"postgresql"``: the database a (resolved) store URL names."""
+    name = make_url(url).get_backend_name()
+    return POSTGRESQL if name == "postgres" else name
+
+
+def is_server(url: str) -> bool:
+    """Whether the store is a database server (PostgreSQL), not a SQLite file."""
+    return backend_name(url) == POSTGRESQL
+
+
+def require_sqlite(url: str, what: str) -> None:
+    """Refuse, in one line, a command that means something only on a SQLite store."""
+    if is_server(url):
+        raise NotOnThisDatabase(
+            f"{what} works on SQLite stores only; on PostgreSQL the server manages its files "
+            "(use pg_dump for backups and the server's own tools for its storage)"
+        )
+
+
+def display_url(url: str) -> str:
+    """The URL as it may be shown to an operator: any password hidden."""
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def resolve_url(explicit: str | os.PathLike[str] | None = None, *, create_home: bool = True) -> str:
@@ -110,11 +168,15 @@ def resolve_url(explicit: str | os.PathLike[str] | None = None, *, create_home: 
 
 
 def db_path(url: str) -> Path | None:
-    """Return the database file of a SQLite URL, or None for an in-memory database."""
+    """Return the database file of a SQLite URL, or None for an in-memory database or a
+    PostgreSQL one (see :func:`is_server`)."""
     parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
+    if parsed.get_backend_name() in (POSTGRESQL, "postgres"):
+        return None
+    if parsed.get_backend_name() != SQLITE:
         raise ValueError(
-            f"hermes-store only supports SQLite URLs, got {parsed.get_backend_name()!r}"
+            f"hermes-store only supports SQLite and PostgreSQL URLs, got "
+            f"{parsed.get_backend_name()!r}"
         )
     database = parsed.database
     if (
@@ -439,6 +501,8 @@ def create_store_engine(
         busy_timeout_ms = default_busy_timeout_ms()
     # A read-only open must not leave an empty HERMES_HOME behind either.
     resolved = resolve_url(url, create_home=create)
+    if is_server(resolved):
+        return _create_server_engine(resolved, busy_timeout_ms=busy_timeout_ms, echo=echo)
     path = db_path(resolved)
     if path is not None:
         if path.is_dir():
@@ -471,6 +535,78 @@ def create_store_engine(
         connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False},
     )
     _install_listeners(engine, path, busy_timeout_ms=busy_timeout_ms, wal=wal)
+    return engine
+
+
+#: PostgreSQL's SQLSTATE codes this module turns into domain errors.
+_PG_ERRORS: dict[str, type[StoreError]] = {
+    "55P03": StoreBusy,  # lock_not_available: lock_timeout (the busy timeout) ran out
+    "53100": DiskFull,  # disk_full
+    "25006": StoreReadOnly,  # read_only_sql_transaction: a standby, or read-only mode
+    "3D000": StoreNotFound,  # invalid_catalog_name: no such database
+    "28000": ServerUnavailable,  # invalid_authorization_specification
+    "28P01": ServerUnavailable,  # invalid_password
+    "57P03": ServerUnavailable,  # cannot_connect_now: starting up or shutting down
+}
+_PG_ADVICE = {
+    StoreBusy: "another session held a lock for longer than the busy timeout ({timeout:g} s); "
+    f"the step in progress was rolled back. Retry, or wait longer with {ENV_BUSY_TIMEOUT}",
+    DiskFull: "the server's disk is full; the step in progress was rolled back. Free space "
+    "on the server and run the command again",
+    StoreReadOnly: "the server accepts no writes (a standby, or default_transaction_read_only);"
+    " nothing was changed. Point the URL at the primary",
+    StoreNotFound: "no such database; create it (`createdb NAME`), then run "
+    "`hermes-store upgrade --db URL`",
+    ServerUnavailable: "check the URL (--db / " + ENV_URL + "), that the server is running "
+    "and that it lets this user in",
+}
+
+
+def translate_server_error(exc: BaseException, url: str) -> StoreError | None:
+    """The domain error for a PostgreSQL failure the operator can act on, else None."""
+    for error in _chain(exc):
+        sqlstate = getattr(error, "sqlstate", None)
+        kind = _PG_ERRORS.get(sqlstate) if isinstance(sqlstate, str) else None
+        connection_failed = type(error).__name__ == "OperationalError" and sqlstate in (
+            None,
+            "08001",
+            "08006",
+        )
+        if kind is None and connection_failed and not isinstance(error, DBAPIError):
+            kind = ServerUnavailable
+        if kind is None:
+            continue
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        advice = _PG_ADVICE[kind].format(timeout=default_busy_timeout_ms() / 1000)
+        return kind(f"{display_url(url)}: {detail}; {advice}")
+    return None
+
+
+def _create_server_engine(url: str, *, busy_timeout_ms: int, echo: bool) -> Engine:
+    """The engine of a PostgreSQL store: psycopg 3, the busy timeout as ``lock_timeout``."""
+    try:
+        import psycopg  # noqa: F401 - only to say what to install when it is missing
+    except ImportError as exc:
+        raise StoreError(
+            "PostgreSQL needs the psycopg driver: pip install 'hermes-store[postgresql]'"
+        ) from exc
+    engine = create_engine(
+        url,
+        echo=echo,
+        hide_parameters=True,
+        logging_name="hermes_store",
+        pool_pre_ping=True,
+        connect_args={
+            "connect_timeout": 10,
+            "application_name": "hermes-store",
+            "options": f"-c lock_timeout={int(busy_timeout_ms)}",
+        },
+    )
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: ExceptionContext) -> BaseException | None:
+        return translate_server_error(context.original_exception, url)
+
     return engine
 
 

@@ -76,3 +76,11 @@ class SessionExists(StoreError):
 
 class TitleTaken(StoreError):
     """Another session already has the title given (titles are unique when set)."""
+
+
+class ServerUnavailable(StoreError):
+    """The database server could not be reached, or refused the connection."""
+
+
+class NotOnThisDatabase(StoreError):
+    """The command means something only on SQLite (or only on a server database)."""

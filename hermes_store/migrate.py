@@ -26,7 +26,7 @@ from sqlalchemy.pool import StaticPool
 
 from alembic import command
 from alembic import context as alembic_context
-from hermes_store import backfill, fts, space
+from hermes_store import backfill, fts, server, space
 from hermes_store.backup import BackupResult, backup, backup_from
 from hermes_store.backup import check_target as check_backup_target
 from hermes_store.engine import (
@@ -35,6 +35,7 @@ from hermes_store.engine import (
     check_side_files,
     create_store_engine,
     db_path,
+    is_server,
     joined_transaction,
     require_writable,
     resolve_url,
@@ -653,6 +654,13 @@ def upgrade(
         app_version = parse_app_version(app_version)
     targets = _targets(revision, app_version)
     resolved = resolve_url(url, create_home=False)
+    if is_server(resolved):
+        if backup_to is not None:
+            raise StoreError(
+                "--backup copies a SQLite file; on PostgreSQL take a backup with pg_dump "
+                "before the upgrade. Nothing was changed"
+            )
+        return _upgrade_on_server(resolved, targets, x_args, app_version)
     path = db_path(resolved)
     created = _missing(path)
     if created and not create:
@@ -709,6 +717,32 @@ def upgrade(
         pending_backfill=pending,
         healed=healed,
         longest_write_lock_s=round(max(locks), 3),
+    )
+
+
+def _upgrade_on_server(
+    url: str, targets: Sequence[str], x_args: Mapping[str, str], app_version: int | None
+) -> UpgradeResult:
+    """`upgrade` on PostgreSQL: each target through env.py, which holds the upgrade lock."""
+    engine = create_store_engine(url, create=False)
+    try:
+        with engine.connect() as conn:
+            before, schema_before, layout_before = server.facts(conn)
+        for target in targets:
+            command.upgrade(alembic_config(url, x=x_args), target)
+        with engine.connect() as conn:
+            after, schema_after, layout_after = server.facts(conn)
+    finally:
+        engine.dispose()
+    return UpgradeResult(
+        path=None,
+        before=before,
+        after=after,
+        schema_before=schema_before,
+        schema_after=schema_after,
+        app_version=app_version,
+        layout_before=layout_before,
+        layout_after=layout_after,
     )
 
 
@@ -994,6 +1028,27 @@ def downgrade(
     before anything is opened and written before the first revision runs.
     """
     resolved = resolve_url(url, create_home=False)
+    if is_server(resolved):
+        if backup_to is not None:
+            raise StoreError(
+                "--backup copies a SQLite file; on PostgreSQL take a backup with pg_dump "
+                "first. Nothing was changed"
+            )
+        engine = create_store_engine(resolved, create=False)
+        try:
+            with engine.connect() as conn:
+                before = current_revision(conn)
+                if revision == "base" and not delete_data:
+                    server.refuse_deleting_data(
+                        conn, "`hermes-store downgrade base --yes --i-know-this-deletes-data`"
+                    )
+            # Checked above: env.py need not refuse it again.
+            x_args = {**(x or {}), DELETE_DATA_X: "true"}
+            command.downgrade(alembic_config(resolved, x=x_args), revision)
+            with engine.connect() as conn:
+                return before, current_revision(conn)
+        finally:
+            engine.dispose()
     path = db_path(resolved)
     if path is not None and not path.exists():
         raise StoreNotFound(f"{path}: no such store; nothing to downgrade")
@@ -1126,11 +1181,19 @@ def run_env(
             run(conn)
         return
     if connection is not None:
-        if runs_revisions and not config.attributes.get("prepared"):
+        if connection.dialect.name != "sqlite":
+            if runs_revisions:
+                server.refuse_foreign_database(connection)
+        elif runs_revisions and not config.attributes.get("prepared"):
             prepare_store(connection, _state_of(connection))
         run(connection)
         return
     resolved = resolve_url(x.get("db") or None, create_home=runs_revisions)
+    if is_server(resolved):
+        _run_env_on_server(
+            resolved, run, x=x, runs_revisions=runs_revisions, destination=destination
+        )
+        return
     path = db_path(resolved)
     if not runs_revisions:  # reading: never create or adopt anything
         engine = create_store_engine(resolved, create=False)
@@ -1175,6 +1238,41 @@ def run_env(
         ):
             verify_ahead(conn)
         run(conn, **overrides)
+
+
+def _run_env_on_server(
+    url: str,
+    run: Callable[..., None],
+    *,
+    x: Mapping[str, str],
+    runs_revisions: bool,
+    destination: str | None,
+) -> None:
+    """env.py on PostgreSQL: the same targets, none of a file's workflow (see server)."""
+    for option in (BACKUP_X, "fts_backfill"):
+        if x.get(option):
+            raise StoreError(
+                f"-x {option} is for SQLite stores; on PostgreSQL back up with pg_dump, and "
+                "the search indexes are built by the upgrade itself"
+            )
+    app_version = parse_app_version(x[APP_VERSION_X]) if x.get(APP_VERSION_X) else None
+    overrides: dict[str, Any] = {}
+    if app_version is not None and app_version < LAST_APP_VERSION:
+        targets = tuple(_targets(None, app_version))
+        overrides["fn"] = lambda rev, _context: script_directory()._upgrade_revs(
+            targets,  # type: ignore[arg-type]
+            rev,
+        )
+    server.run_revisions(
+        url,
+        run,
+        runs_revisions=runs_revisions,
+        deletes_data_ok=x.get(DELETE_DATA_X, "").lower() in ("1", "true", "yes"),
+        destination=destination,
+        how=f"`alembic -x {DELETE_DATA_X}=true downgrade base`",
+        lock_timeout=server.lock_timeout_ms(x),
+        **overrides,
+    )
 
 
 def _state_of(connection: Connection) -> StoreState:

@@ -1,14 +1,16 @@
 """The schema at head (application schema 30) as SQLAlchemy sees it.
 
-FTS5 tables, the view and the triggers are raw DDL in the revisions."""
+FTS5 tables, the view and the triggers are raw DDL in the revisions. One model set serves
+both databases: SQLite's 64-bit INTEGER, REAL and BLOB are BIGINT, DOUBLE PRECISION and
+BYTEA on PostgreSQL, and every partial index is partial on both."""
 
 from __future__ import annotations
 
+from sqlalchemy import BLOB as SQLITE_BLOB
+from sqlalchemy import INTEGER as SQLITE_INTEGER
+from sqlalchemy import REAL as SQLITE_REAL
+from sqlalchemy import TEXT as SQLITE_TEXT
 from sqlalchemy import (
-    BLOB,
-    INTEGER,
-    REAL,
-    TEXT,
     Column,
     ForeignKey,
     Index,
@@ -19,7 +21,49 @@ from sqlalchemy import (
     literal_column,
     text,
 )
+from sqlalchemy.dialects.postgresql import BIGINT, BYTEA, DOUBLE_PRECISION
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+#: SQLite's column types, and what holds the same values on PostgreSQL: INTEGER is 64-bit
+#: in SQLite, and REAL an 8-byte float (PostgreSQL's REAL is 4 bytes: timestamps would
+#: lose their seconds).
+#: PostgreSQL text cannot hold NUL, which SQLite stores do (the multimodal content prefix
+#: "\x00json:", binary tool output). On PostgreSQL a NUL is stored as U+FFFE, a Unicode
+#: noncharacter (never part of text people write or exchange), and read back as NUL: what
+#: the data layer gives and takes is the same on both databases.
+NUL = "\x00"
+SERVER_NUL = "\ufffe"
+
+
+def to_server_text(value: str) -> str:
+    """A string as PostgreSQL stores it (NUL as U+FFFE)."""
+    return value.replace(NUL, SERVER_NUL) if NUL in value else value
+
+
+def from_server_text(value: str) -> str:
+    """A string read from PostgreSQL as the data layer gives it (U+FFFE as NUL)."""
+    return value.replace(SERVER_NUL, NUL) if SERVER_NUL in value else value
+
+
+class ServerText(TypeDecorator[str]):
+    """TEXT on PostgreSQL, with NUL carried as U+FFFE both ways (see :data:`SERVER_NUL`)."""
+
+    impl = SQLITE_TEXT
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else to_server_text(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else from_server_text(value)
+
+
+TEXT: TypeEngine[str] = SQLITE_TEXT().with_variant(ServerText(), "postgresql")
+INTEGER: TypeEngine[int] = SQLITE_INTEGER().with_variant(BIGINT(), "postgresql")
+REAL: TypeEngine[float] = SQLITE_REAL().with_variant(DOUBLE_PRECISION(), "postgresql")
+BLOB: TypeEngine[bytes] = SQLITE_BLOB().with_variant(BYTEA(), "postgresql")
 
 ZERO = text("0")
 EMPTY = text("''")
@@ -449,3 +493,15 @@ schema_version = Table(
     Base.metadata,
     Column("version", INTEGER, nullable=False),
 )
+
+
+def _partial_on_both() -> None:
+    """Declare each partial index's WHERE once (``sqlite_where``); PostgreSQL gets the same."""
+    for table in Base.metadata.tables.values():
+        for index in table.indexes:
+            where = index.dialect_options["sqlite"]["where"]
+            if where is not None:
+                index.dialect_options["postgresql"]["where"] = where
+
+
+_partial_on_both()

@@ -24,7 +24,7 @@ from hermes_store.engine import (
     to_url,
     translate_error,
 )
-from hermes_store.errors import DiskFull, StoreNotFound
+from hermes_store.errors import DiskFull, ServerUnavailable, StoreError, StoreNotFound
 from hermes_store.store import NewMessage, Store
 
 
@@ -161,8 +161,41 @@ def test_db_path(tmp_path: Path) -> None:
         "sqlite:///file:shared?mode=memory&cache=shared&uri=true",
     ):
         assert db_path(memory) is None, memory
-    with pytest.raises(ValueError, match="only supports SQLite"):
-        db_path("postgresql://host/db")
+    assert db_path("postgresql+psycopg://host/db") is None  # a server, not a file
+    with pytest.raises(ValueError, match="only supports SQLite and PostgreSQL"):
+        db_path("mysql://host/db")
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgres://u:secret@h:5433/db", "postgresql+psycopg://u:secret@h:5433/db"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+    ],
+)
+def test_postgresql_urls_name_the_psycopg_driver(given: str, expected: str) -> None:
+    assert to_url(given) == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("mysql://root@h/db", "runs on SQLite"),
+        ("postgresql+psycopg2://u@h/db", "psycopg 3 only"),
+    ],
+)
+def test_other_databases_are_refused_in_one_line(given: str, says: str) -> None:
+    with pytest.raises(StoreError, match=says):
+        create_store_engine(given)
+
+
+def test_an_unreachable_server_is_a_clear_error_without_the_password() -> None:
+    engine = create_store_engine("postgresql://u:hunter2@127.0.0.1:1/db")
+    with pytest.raises(ServerUnavailable, match="server is running") as raised:
+        engine.connect()
+    assert "hunter2" not in str(raised.value)
+    engine.dispose()
 
 
 def test_in_memory_store_keeps_its_data_between_connections(

@@ -124,11 +124,20 @@ def _backfill(path: Path) -> int:
     return updated
 
 
+def _columns(table: str) -> set[str]:
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        return {column["name"] for column in sa.inspect(bind).get_columns(table)}
+    return {row[1] for row in bind.exec_driver_sql(f"PRAGMA table_info({table})")}
+
+
 def upgrade() -> None:
-    existing = {row[1] for row in op.get_bind().exec_driver_sql("PRAGMA table_info(sessions)")}
+    existing = _columns("sessions")
+    postgresql = op.get_bind().dialect.name == "postgresql"
     for column, ddl in NEW_COLUMNS.items():
         if column not in existing:
-            op.execute(ddl)
+            # PostgreSQL: SQLite's INTEGER is 64-bit.
+            op.execute(ddl.replace("INTEGER", "BIGINT") if postgresql else ddl)
     path = _hermes_home() / "sessions" / "sessions.json"
     updated = _backfill(path)
     if updated:

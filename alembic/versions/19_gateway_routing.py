@@ -30,7 +30,10 @@ CREATE TABLE IF NOT EXISTS gateway_routing (
 
 
 def upgrade() -> None:
-    op.execute(GATEWAY_ROUTING_TABLE)
+    if op.get_bind().dialect.name == "postgresql":  # SQLite's REAL is an 8-byte float
+        op.execute(GATEWAY_ROUTING_TABLE.replace("REAL", "DOUBLE PRECISION"))
+    else:
+        op.execute(GATEWAY_ROUTING_TABLE)
     op.execute("UPDATE schema_version SET version = 19")
 
 

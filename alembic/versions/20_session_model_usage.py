@@ -13,6 +13,7 @@ Revises: 19
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from alembic import op
@@ -73,7 +74,21 @@ WHERE COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) + COALESCE(cache_re
 """
 
 
+def _postgresql(ddl: str) -> str:
+    """This SQLite DDL as PostgreSQL declares the same values: SQLite's INTEGER is 64-bit and
+    its REAL an 8-byte float (BIGINT and DOUBLE PRECISION; PostgreSQL's REAL is 4 bytes)."""
+    ddl = re.sub(r"\bINTEGER\b", "BIGINT", ddl)
+    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", ddl)
+
+
 def upgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(_postgresql(SESSION_MODEL_USAGE_TABLE))
+        op.execute(SESSION_MODEL_USAGE_SESSION_INDEX)
+        op.execute(SESSION_MODEL_USAGE_MODEL_INDEX)
+        op.execute(SEED_USAGE.replace("INSERT OR IGNORE", "INSERT") + "ON CONFLICT DO NOTHING")
+        op.execute("UPDATE schema_version SET version = 20")
+        return
     op.execute(SESSION_MODEL_USAGE_TABLE)
     op.execute(SESSION_MODEL_USAGE_SESSION_INDEX)
     op.execute(SESSION_MODEL_USAGE_MODEL_INDEX)

@@ -9,6 +9,7 @@ Revises: 20
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from alembic import op
@@ -46,8 +47,18 @@ ASYNC_DELEGATIONS_DELIVERY_INDEX = (
 )
 
 
+def _postgresql(ddl: str) -> str:
+    """This SQLite DDL as PostgreSQL declares the same values: SQLite's INTEGER is 64-bit and
+    its REAL an 8-byte float (BIGINT and DOUBLE PRECISION; PostgreSQL's REAL is 4 bytes)."""
+    ddl = re.sub(r"\bINTEGER\b", "BIGINT", ddl)
+    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", ddl)
+
+
 def upgrade() -> None:
-    op.execute(ASYNC_DELEGATIONS_TABLE)
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(_postgresql(ASYNC_DELEGATIONS_TABLE))
+    else:
+        op.execute(ASYNC_DELEGATIONS_TABLE)
     op.execute(ASYNC_DELEGATIONS_DELIVERY_INDEX)
     op.execute("UPDATE schema_version SET version = 21")
 

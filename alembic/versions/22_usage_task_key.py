@@ -16,7 +16,10 @@ Revises: 21
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+
+import sqlalchemy as sa
 
 from alembic import op
 
@@ -115,21 +118,55 @@ GROUP BY session_id, model, billing_provider, billing_base_url, billing_mode
 
 
 def _key_columns() -> set[str]:
-    rows = op.get_bind().exec_driver_sql("PRAGMA table_info(session_model_usage)")
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        key = sa.inspect(bind).get_pk_constraint("session_model_usage")
+        return set(key["constrained_columns"])
+    rows = bind.exec_driver_sql("PRAGMA table_info(session_model_usage)")
     return {row[1] for row in rows if row[5]}
 
 
 def _all_columns() -> set[str]:
-    rows = op.get_bind().exec_driver_sql("PRAGMA table_info(session_model_usage)")
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        return {column["name"] for column in sa.inspect(bind).get_columns("session_model_usage")}
+    rows = bind.exec_driver_sql("PRAGMA table_info(session_model_usage)")
     return {row[1] for row in rows}
+
+
+#: PostgreSQL names a table's key, foreign key and indexes apart from the table: renamed
+#: with it, so that the rebuilt table can take the names back.
+POSTGRESQL_NAMES = (
+    "ALTER TABLE session_model_usage_before_22"
+    " RENAME CONSTRAINT session_model_usage_pkey TO session_model_usage_before_22_pkey",
+    "ALTER TABLE session_model_usage_before_22 RENAME CONSTRAINT"
+    " session_model_usage_session_id_fkey TO session_model_usage_before_22_session_id_fkey",
+    "ALTER INDEX idx_session_model_usage_session RENAME TO idx_session_model_usage_session_22",
+    "ALTER INDEX idx_session_model_usage_model RENAME TO idx_session_model_usage_model_22",
+)
+
+
+def _set_aside() -> None:
+    """Rename the table (and, on PostgreSQL, what is named apart from it) to rebuild it."""
+    op.execute("ALTER TABLE session_model_usage RENAME TO session_model_usage_before_22")
+    if op.get_bind().dialect.name == "postgresql":
+        for ddl in POSTGRESQL_NAMES:
+            op.execute(ddl)
+
+
+def _declared(ddl: str) -> str:
+    """PostgreSQL: SQLite's INTEGER is 64-bit and its REAL an 8-byte float."""
+    if op.get_bind().dialect.name != "postgresql":
+        return ddl
+    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", re.sub(r"\bINTEGER\b", "BIGINT", ddl))
 
 
 def upgrade() -> None:
     if "task" not in _key_columns():
         # `task` may exist outside the key: the application's reconciler adds the column.
         task = "COALESCE(task, '')" if "task" in _all_columns() else "''"
-        op.execute("ALTER TABLE session_model_usage RENAME TO session_model_usage_before_22")
-        op.execute(SESSION_MODEL_USAGE_TABLE)
+        _set_aside()
+        op.execute(_declared(SESSION_MODEL_USAGE_TABLE))
         op.execute(COPY_ROWS.format(task=task))
         op.execute("DROP TABLE session_model_usage_before_22")
         op.execute(SESSION_MODEL_USAGE_SESSION_INDEX)
@@ -138,8 +175,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("ALTER TABLE session_model_usage RENAME TO session_model_usage_before_22")
-    op.execute(SESSION_MODEL_USAGE_TABLE_21)
+    _set_aside()
+    op.execute(_declared(SESSION_MODEL_USAGE_TABLE_21))
     op.execute(MERGE_TASKS)
     op.execute("DROP TABLE session_model_usage_before_22")
     op.execute(SESSION_MODEL_USAGE_SESSION_INDEX)

@@ -33,7 +33,12 @@ FLAG = "fts_optimize_available"
 
 
 def _word_index_is_inline() -> bool:
-    """The legacy inline word index: declared without `content=`, keeping a `_content` copy."""
+    """The legacy inline word index: declared without `content=`, keeping a `_content` copy.
+
+    PostgreSQL has no FTS5 index, so no flag to set.
+    """
+    if op.get_bind().dialect.name == "postgresql":
+        return False
     row = (
         op.get_bind()
         .execute(

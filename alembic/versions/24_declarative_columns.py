@@ -17,7 +17,10 @@ Revises: 23
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+
+import sqlalchemy as sa
 
 from alembic import op
 
@@ -106,7 +109,21 @@ NEW_INDEXES = {
 
 
 def _columns(table: str) -> set[str]:
-    return {row[1] for row in op.get_bind().exec_driver_sql(f"PRAGMA table_info({table})")}
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        return {column["name"] for column in sa.inspect(bind).get_columns(table)}
+    return {row[1] for row in bind.exec_driver_sql(f"PRAGMA table_info({table})")}
+
+
+def _postgresql(ddl: str) -> str:
+    """This SQLite DDL as PostgreSQL declares the same values: SQLite's INTEGER is 64-bit and
+    its REAL an 8-byte float (BIGINT and DOUBLE PRECISION; PostgreSQL's REAL is 4 bytes)."""
+    ddl = re.sub(r"\bINTEGER\b", "BIGINT", ddl)
+    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", ddl)
+
+
+def _declared(ddl: str) -> str:
+    return _postgresql(ddl) if op.get_bind().dialect.name == "postgresql" else ddl
 
 
 def upgrade() -> None:
@@ -114,9 +131,9 @@ def upgrade() -> None:
         existing = _columns(table)
         for name, declaration in columns.items():
             if name not in existing:
-                op.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {declaration}')
+                op.execute(_declared(f'ALTER TABLE {table} ADD COLUMN "{name}" {declaration}'))
     for ddl in (*NEW_TABLES.values(), *NEW_INDEXES.values()):
-        op.execute(ddl)
+        op.execute(_declared(ddl))
     op.execute("UPDATE schema_version SET version = 24")
 
 

@@ -47,6 +47,9 @@ SYSTEM_PROMPT_HASH_INDEX = (
 STORE_PROMPT = sa.text(
     "INSERT OR IGNORE INTO system_prompts (hash, prompt) VALUES (:hash, :prompt)"
 )
+STORE_PROMPT_POSTGRESQL = sa.text(
+    "INSERT INTO system_prompts (hash, prompt) VALUES (:hash, :prompt) ON CONFLICT DO NOTHING"
+)
 POINT_SESSION = sa.text(
     "UPDATE sessions SET system_prompt_hash = :hash, system_prompt = NULL WHERE id = :id"
 )
@@ -60,11 +63,15 @@ BATCH = 500
 
 
 def _columns(table: str) -> set[str]:
-    return {row[1] for row in op.get_bind().exec_driver_sql(f"PRAGMA table_info({table})")}
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        return {column["name"] for column in sa.inspect(bind).get_columns(table)}
+    return {row[1] for row in bind.exec_driver_sql(f"PRAGMA table_info({table})")}
 
 
 def upgrade() -> None:
     bind = op.get_bind()
+    postgresql = bind.dialect.name == "postgresql"
     op.execute(SYSTEM_PROMPTS_TABLE)
     if "system_prompt_hash" not in _columns("sessions"):
         op.execute(SYSTEM_PROMPT_HASH_COLUMN)
@@ -78,7 +85,7 @@ def upgrade() -> None:
             digest = hashlib.sha256(str(prompt).encode("utf-8")).hexdigest()
             prompts.append({"hash": digest, "prompt": prompt})
             pointers.append({"hash": digest, "id": session_id})
-        bind.execute(STORE_PROMPT, prompts)
+        bind.execute(STORE_PROMPT_POSTGRESQL if postgresql else STORE_PROMPT, prompts)
         bind.execute(POINT_SESSION, pointers)
     op.execute("UPDATE schema_version SET version = 25")
 

@@ -157,6 +157,115 @@ DISPLAY_TRIGGERS = {
     "messages_display_identity_delete": MESSAGES_DISPLAY_IDENTITY_DELETE_TRIGGER,
 }
 
+# PostgreSQL: the same four display triggers. Its triggers run a function; the insert one
+# sets the new row's display_order before it is written (SQLite updates it just after),
+# with the same result, and `IS NOT` is spelt IS DISTINCT FROM.
+POSTGRESQL_DISPLAY_FUNCTIONS = {
+    "messages_display_order_insert": """
+CREATE OR REPLACE FUNCTION messages_display_order_insert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.display_order = COALESCE((
+        SELECT display_order FROM messages
+        WHERE session_id = NEW.session_id AND id <> NEW.id
+          AND (active = 1 OR compacted = 1)
+          AND display_identity = NEW.display_identity AND display_order IS NOT NULL
+        ORDER BY display_order LIMIT 1
+    ), NEW.id);
+    RETURN NEW;
+END
+$$
+""",
+    "messages_display_visibility_update": """
+CREATE OR REPLACE FUNCTION messages_display_visibility_update() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE messages SET display_order = LEAST(NEW.id, COALESCE((
+        SELECT display_order FROM messages
+        WHERE session_id = NEW.session_id AND id <> NEW.id
+          AND (active = 1 OR compacted = 1)
+          AND display_identity = NEW.display_identity AND display_order IS NOT NULL
+        ORDER BY display_order LIMIT 1
+    ), NEW.id)) WHERE id = NEW.id
+      AND (NEW.active = 1 OR NEW.compacted = 1);
+    UPDATE messages SET display_order = (SELECT display_order FROM messages WHERE id = NEW.id)
+    WHERE session_id = NEW.session_id AND id <> NEW.id AND (active = 1 OR compacted = 1)
+      AND display_identity = NEW.display_identity
+      AND (NEW.active = 1 OR NEW.compacted = 1);
+    UPDATE messages SET display_order = (
+        SELECT MIN(peer.id) FROM messages AS peer
+        WHERE peer.session_id = OLD.session_id AND (peer.active = 1 OR peer.compacted = 1)
+          AND peer.display_identity = OLD.display_identity
+    ) WHERE session_id = OLD.session_id AND (active = 1 OR compacted = 1)
+      AND display_identity = OLD.display_identity
+      AND NOT (NEW.active = 1 OR NEW.compacted = 1);
+    RETURN NULL;
+END
+$$
+""",
+    "messages_display_identity_update": """
+CREATE OR REPLACE FUNCTION messages_display_identity_update() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE messages SET display_identity = NULL, display_order = NULL
+    WHERE id = NEW.id OR (
+        session_id = OLD.session_id AND display_identity = OLD.display_identity
+        AND (active = 1 OR compacted = 1)
+    );
+    RETURN NULL;
+END
+$$
+""",
+    "messages_display_identity_delete": """
+CREATE OR REPLACE FUNCTION messages_display_identity_delete() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE messages SET display_order = (
+        SELECT MIN(peer.id) FROM messages AS peer
+        WHERE peer.session_id = OLD.session_id AND (peer.active = 1 OR peer.compacted = 1)
+          AND peer.display_identity = OLD.display_identity
+    ) WHERE session_id = OLD.session_id AND (active = 1 OR compacted = 1)
+      AND display_identity = OLD.display_identity;
+    RETURN NULL;
+END
+$$
+""",
+}
+POSTGRESQL_DISPLAY_TRIGGERS = {
+    "messages_display_order_insert": """
+CREATE TRIGGER messages_display_order_insert
+BEFORE INSERT ON messages FOR EACH ROW WHEN (NEW.display_order IS NULL)
+EXECUTE FUNCTION messages_display_order_insert()
+""",
+    "messages_display_visibility_update": """
+CREATE TRIGGER messages_display_visibility_update
+AFTER UPDATE OF active, compacted ON messages FOR EACH ROW
+WHEN ((NEW.active = 1 OR NEW.compacted = 1) <> (OLD.active = 1 OR OLD.compacted = 1))
+EXECUTE FUNCTION messages_display_visibility_update()
+""",
+    "messages_display_identity_update": """
+CREATE TRIGGER messages_display_identity_update
+AFTER UPDATE OF role, content, timestamp, tool_call_id, tool_calls, tool_name,
+                display_kind ON messages FOR EACH ROW
+WHEN (NEW.role IS DISTINCT FROM OLD.role
+  OR NEW.content IS DISTINCT FROM OLD.content
+  OR NEW.timestamp IS DISTINCT FROM OLD.timestamp
+  OR NEW.tool_call_id IS DISTINCT FROM OLD.tool_call_id
+  OR NEW.tool_calls IS DISTINCT FROM OLD.tool_calls
+  OR NEW.tool_name IS DISTINCT FROM OLD.tool_name
+  OR NEW.display_kind IS DISTINCT FROM OLD.display_kind)
+EXECUTE FUNCTION messages_display_identity_update()
+""",
+    "messages_display_identity_delete": """
+CREATE TRIGGER messages_display_identity_delete
+AFTER DELETE ON messages FOR EACH ROW WHEN (OLD.active = 1 OR OLD.compacted = 1)
+EXECUTE FUNCTION messages_display_identity_delete()
+""",
+}
+#: SQLite's column types as PostgreSQL declares the same values.
+POSTGRESQL_TYPES = {"INTEGER": "BIGINT", "BLOB": "BYTEA"}
+
+
 # The application's own trigram objects at 30 (its layout, not hermes-store's): a view of
 # the messages it covers and three triggers that keep its trigram index on that view.
 APPLICATION_VIEW = "messages_fts_src"
@@ -288,7 +397,29 @@ def _replace_inline_update_triggers(old: str, new: str) -> None:
 
 
 def _columns(table: str) -> set[str]:
-    return {row[1] for row in op.get_bind().exec_driver_sql(f"PRAGMA table_info({table})")}
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        return {column["name"] for column in sa.inspect(bind).get_columns(table)}
+    return {row[1] for row in bind.exec_driver_sql(f"PRAGMA table_info({table})")}
+
+
+def _upgrade_postgresql() -> None:
+    """The same columns, indexes and display triggers; no FTS5 objects to narrow."""
+    op.execute(EFFECTIVE_ACTIVITY_INDEX)
+    for table, columns in NEW_COLUMNS.items():
+        existing = _columns(table)
+        for name, declaration in columns.items():
+            if name not in existing:
+                sql_type, _, rest = declaration.partition(" ")
+                declared = " ".join(filter(None, (POSTGRESQL_TYPES.get(sql_type, sql_type), rest)))
+                op.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {declared}')
+    for ddl in NEW_INDEXES.values():
+        op.execute(ddl)
+    for name, function in POSTGRESQL_DISPLAY_FUNCTIONS.items():
+        op.execute(function)
+        op.execute(f"DROP TRIGGER IF EXISTS {name} ON messages")
+        op.execute(POSTGRESQL_DISPLAY_TRIGGERS[name])
+    op.execute("UPDATE schema_version SET version = 30")
 
 
 def _sql_of(kind: str, name: str) -> str | None:
@@ -324,6 +455,9 @@ def _narrow_application_trigram() -> None:
 
 
 def upgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        _upgrade_postgresql()
+        return
     _replace_inline_update_triggers(INLINE_UPDATE_TRIGGER_BROAD, INLINE_UPDATE_TRIGGER_NARROW)
     op.execute(EFFECTIVE_ACTIVITY_INDEX)
     for table, columns in NEW_COLUMNS.items():
@@ -338,8 +472,13 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    postgresql = op.get_bind().dialect.name == "postgresql"
     for trigger in DISPLAY_TRIGGERS:
-        op.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+        if postgresql:
+            op.execute(f"DROP TRIGGER IF EXISTS {trigger} ON messages")
+            op.execute(f"DROP FUNCTION IF EXISTS {trigger}()")
+        else:
+            op.execute(f"DROP TRIGGER IF EXISTS {trigger}")
     for index in (*NEW_INDEXES, "idx_sessions_effective_activity"):
         op.execute(f"DROP INDEX IF EXISTS {index}")
     for table, columns in NEW_COLUMNS.items():
@@ -347,5 +486,8 @@ def downgrade() -> None:
         for name in reversed(columns):
             if name in existing:
                 op.execute(f'ALTER TABLE {table} DROP COLUMN "{name}"')
+    if postgresql:
+        op.execute("UPDATE schema_version SET version = 29")
+        return
     _replace_inline_update_triggers(INLINE_UPDATE_TRIGGER_NARROW, INLINE_UPDATE_TRIGGER_BROAD)
     op.execute("UPDATE schema_version SET version = 29")

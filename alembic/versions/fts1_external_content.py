@@ -745,7 +745,103 @@ def _convert(name: str, forced_rebuild: bool, deferred: bool) -> None:
         op.execute(ddl)
 
 
+# PostgreSQL: no FTS5 and no copies. The same indexed expression (the text stored once, in
+# messages) is indexed twice by expression indexes: a GIN index over its tsvector for the
+# word path and a pg_trgm GIN index for the trigram path. Tokenised like FTS5's unicode61:
+# lower case ('simple' configuration: no stemming, no stop words), diacritics removed
+# (unaccent), every character that is not a letter or a digit a separator.
+LAYOUT_POSTGRESQL = "expression"
+POSTGRESQL_EXTENSIONS = ("unaccent", "pg_trgm")
+POSTGRESQL_DOCUMENT_FUNCTION = """
+CREATE OR REPLACE FUNCTION hermes_search_document(content text, tool_name text, tool_calls text)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT COALESCE($1, '') || ' ' || COALESCE($2, '') || ' ' || COALESCE($3, '') $$
+"""
+# `{schema}`: where unaccent is installed, named so that the function does not depend on
+# the search_path of the session that runs it (an index expression must be immutable).
+POSTGRESQL_LEXEMES_FUNCTION = """
+CREATE OR REPLACE FUNCTION hermes_search_lexemes(document text)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT regexp_replace({schema}.unaccent('{schema}.unaccent'\\:\\:regdictionary, $1),
+                            '[^[\\:alnum\\:]]+', ' ', 'g') $$
+"""
+POSTGRESQL_WORDS_FUNCTION = """
+CREATE OR REPLACE FUNCTION hermes_search_words(document text)
+RETURNS tsvector LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT to_tsvector('simple'\\:\\:regconfig, hermes_search_lexemes($1)) $$
+"""
+POSTGRESQL_FUNCTIONS = {
+    "hermes_search_document(text, text, text)": POSTGRESQL_DOCUMENT_FUNCTION,
+    "hermes_search_lexemes(text)": POSTGRESQL_LEXEMES_FUNCTION,
+    "hermes_search_words(text)": POSTGRESQL_WORDS_FUNCTION,
+}
+POSTGRESQL_INDEXES = {
+    WORD: "CREATE INDEX CONCURRENTLY IF NOT EXISTS messages_fts ON messages USING gin"
+    " (hermes_search_words(hermes_search_document(content, tool_name, tool_calls)))",
+    TRIGRAM: "CREATE INDEX CONCURRENTLY IF NOT EXISTS messages_fts_trigram ON messages USING gin"
+    " (hermes_search_document(content, tool_name, tool_calls) gin_trgm_ops)",
+}
+
+
+def _extension_schema(name: str) -> str:
+    """Install a contrib extension when missing; the schema it lives in."""
+    bind = _bind()
+    find = sa.text("SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = :n")
+    schema = bind.execute(find, {"n": name}).scalar()
+    if schema is None:
+        available = bind.execute(
+            sa.text("SELECT 1 FROM pg_available_extensions WHERE name = :n"), {"n": name}
+        ).first()
+        if available is None:
+            raise RuntimeError(
+                f"PostgreSQL extension {name} is not installed on the server; install the "
+                "server's contrib package (Debian: postgresql-contrib) and upgrade again"
+            )
+        op.execute(f"CREATE EXTENSION IF NOT EXISTS {name}")
+        schema = bind.execute(find, {"n": name}).scalar()
+    return str(schema)
+
+
+def _drop_invalid_index(name: str) -> None:
+    """A concurrent build that was interrupted leaves an invalid index behind: drop it, so
+    that IF NOT EXISTS builds it again instead of keeping the broken one."""
+    invalid = _bind().execute(
+        sa.text(
+            "SELECT 1 FROM pg_index JOIN pg_class ON pg_class.oid = pg_index.indexrelid"
+            " WHERE pg_class.relname = :name AND NOT pg_index.indisvalid"
+        ),
+        {"name": name},
+    )
+    if invalid.first() is not None:
+        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+
+
+def _upgrade_postgresql() -> None:
+    schemas = {name: _extension_schema(name) for name in POSTGRESQL_EXTENSIONS}
+    for ddl in POSTGRESQL_FUNCTIONS.values():
+        op.execute(ddl.format(schema=schemas["unaccent"]))
+    _set_marker(LAYOUT_POSTGRESQL)
+    # Built without blocking writes to messages (they may be many): outside the revision's
+    # transaction, as PostgreSQL requires for CONCURRENTLY.
+    with op.get_context().autocommit_block():
+        for name, ddl in POSTGRESQL_INDEXES.items():
+            _drop_invalid_index(name)
+            op.execute(ddl)
+
+
+def _downgrade_postgresql() -> None:
+    """Drop the indexes and functions; the extensions stay (others may use them)."""
+    for name in POSTGRESQL_INDEXES:
+        op.execute(f"DROP INDEX IF EXISTS {name}")
+    for signature in reversed(POSTGRESQL_FUNCTIONS):
+        op.execute(f"DROP FUNCTION IF EXISTS {signature}")
+    _set_marker(None)
+
+
 def upgrade() -> None:
+    if _bind().dialect.name == "postgresql":
+        _upgrade_postgresql()
+        return
     x_args = context.get_x_argument(as_dictionary=True)
     mode = x_args.get("fts_convert", "auto")
     if mode not in ("auto", "rebuild"):
@@ -848,6 +944,9 @@ def _revert(name: str) -> None:
 
 
 def downgrade() -> None:
+    if _bind().dialect.name == "postgresql":
+        _downgrade_postgresql()
+        return
     if _application_layout():
         _set_marker(None)  # the application's layout was never this revision's to change
         return
