@@ -196,11 +196,13 @@ def test_highlight_lists_phrases_in_query_order_with_near_groups() -> None:
     found = highlight_of(parse_query('x NOT "import os"* OR NEAR(a b, 3)'))
     assert found.phrases == (
         (("x", False),),
-        (("import", False), ("os", True)),
+        (("import os", True),),
         (("a", False),),
         (("b", False),),
     )
     assert found.near == (((2, 3), 3),)
+    assert found.groups == ((((0,),), ((1,),)), (((2, 3),), ()))
+    assert highlight_of(parse_query("(a OR b) AND c")).groups is None
 
 
 def test_tokenizers() -> None:

@@ -1,8 +1,9 @@
 """The message-search contract (shared/spec/search.md): sanitising, routing, filters, context.
 
-The package: ``query`` (sanitising, routing: both databases), ``schema`` (tables, filters,
-result columns), ``context`` (context rows, result types), ``sqlite`` (the statements on
-SQLite), ``pending`` (rows a deferred backfill has not indexed yet).
+The package: ``query`` (sanitising, routing, the query tree: both databases), ``schema``
+(tables, filters, result columns), ``context`` (context rows, result types), ``sqlite`` and
+``postgresql`` (each database's statements), ``pending`` (rows a deferred backfill has not
+indexed yet, SQLite).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from hermes_store.errors import UnsupportedLayout
 from hermes_store.prepared import driver
+from hermes_store.search import postgresql
 from hermes_store.search.context import (
     ContextMessage,
     SearchHit,
@@ -91,10 +93,13 @@ def search_messages(
     ``degraded`` says why (see :class:`SearchResults`).
     """
     connection = conn.connection() if isinstance(conn, Session) else conn
+    filters = _Filters(include_inactive, source_filter, exclude_sources, role_filter)
+    if connection.dialect.name == "postgresql":
+        return _search_on_server(connection, query, filters, sort, (limit, offset))
     return _search(
         _OnConnection(connection),
         query,
-        _Filters(include_inactive, source_filter, exclude_sources, role_filter),
+        filters,
         sort,
         (limit, offset),
     )
@@ -119,6 +124,10 @@ def search_store(
     deferred backfill in progress) runs again through ``search_messages``.
     """
     filters = _Filters(include_inactive, source_filter, exclude_sources, role_filter)
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="REPEATABLE READ")  # one snapshot
+            return _search_on_server(conn, query, filters, sort, (limit, offset))
     with driver(engine) as db:
         db.run("BEGIN")
         try:
@@ -129,6 +138,20 @@ def search_store(
             db.connection.rollback()
     with engine.connect() as conn:
         return _search(_OnConnection(conn), query, filters, sort, (limit, offset))
+
+
+def _search_on_server(
+    conn: Connection, query: str, filters: _Filters, sort: str | None, page: tuple[int, int]
+) -> SearchResults:
+    """search_messages' answer on PostgreSQL (hermes_store.search.postgresql)."""
+    if not query or not query.strip():
+        return SearchResults()
+    sanitized = without_repeats(sanitize_query(query))
+    if not sanitized:
+        return SearchResults()
+    route = _route(sanitized, trigram=True)  # both indexes exist at head (revision fts1)
+    _check_bounded(route)
+    return postgresql.search(conn, route, filters, _normalise_sort(sort), page)
 
 
 def _search(

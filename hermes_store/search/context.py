@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypedDict
 
 from sqlalchemy import bindparam, select, tuple_
@@ -51,7 +51,7 @@ _next_id = (
     .limit(1)
     .scalar_subquery()
 )
-_CONTEXT_WINDOWS = Prepared.of(
+CONTEXT_WINDOWS = (
     select(_target.c.id, _window_row.c.role, _window_row.c.content)
     .select_from(
         _target.join(_window_row, _window_row.c.id.in_([_target.c.id, _previous_id, _next_id]))
@@ -59,6 +59,7 @@ _CONTEXT_WINDOWS = Prepared.of(
     .where(_target.c.id.in_(bindparam("ids", expanding=True)))
     .order_by(_target.c.id, _window_row.c.timestamp, _window_row.c.id)
 )
+_CONTEXT_WINDOWS = Prepared.of(CONTEXT_WINDOWS)
 
 
 class ContextMessage(TypedDict):
@@ -129,10 +130,18 @@ def _chunks(ids: Sequence[int]) -> Iterator[list[int]]:
 
 def _contexts(on: _Rows, hit_ids: Sequence[int]) -> dict[int, list[ContextMessage]]:
     """The context window of every hit: one statement per chunk of hits."""
+    return contexts_of(lambda chunk: on.rows(*_CONTEXT_WINDOWS.bind({"ids": chunk})), hit_ids)
+
+
+def contexts_of(
+    windows: Callable[[list[int]], Iterable[Sequence[Any]]], hit_ids: Sequence[int]
+) -> dict[int, list[ContextMessage]]:
+    """The context window of every hit, from ``windows`` (CONTEXT_WINDOWS' rows for a chunk
+    of hit ids: hit id, role, content)."""
     contexts: dict[int, list[ContextMessage]] = {hit_id: [] for hit_id in hit_ids}
     failed: set[int] = set()
     for chunk in _chunks(hit_ids):
-        for hit_id, role, content in on.rows(*_CONTEXT_WINDOWS.bind({"ids": chunk})):
+        for hit_id, role, content in windows(chunk):
             if hit_id in failed:
                 continue
             try:

@@ -515,27 +515,43 @@ def phrases_of(node: Node) -> list[Phrase]:
     return []
 
 
+#: One AND-ed part of an OR (see Highlight.groups): (operands, negated), each a list of
+#: operands, an operand the indexes of the phrases written side by side.
+Group = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
+
+
 @dataclass(frozen=True)
 class Highlight:
-    """What a snippet marks: each phrase as (token, is_prefix) pairs, in query order, and
-    each NEAR group as (indexes of its phrases, distance)."""
+    """What a snippet marks (the arguments of hermes_store.fts5_snippet's functions).
+
+    ``phrases``: each phrase as its written segments, (text, is_prefix), in query order.
+    ``near``: each NEAR group as (indexes of its phrases, distance). ``groups``: the query
+    as an OR of groups, each (operands joined by AND, the right sides of its NOT
+    operators): FTS5 highlights a phrase only where the group holding it matched the row;
+    None when the query has parentheses (no such shape).
+    """
 
     phrases: tuple[tuple[tuple[str, bool], ...], ...]
     near: tuple[tuple[tuple[int, ...], int], ...]
+    groups: tuple[Group, ...] | None
 
 
 def highlight_of(node: Node) -> Highlight:
-    """The phrases and NEAR groups a snippet highlighter needs for a query tree."""
+    """The phrases, NEAR groups and groups a snippet highlighter needs for a query tree
+    (as parsed: a phrase without tokens stays an empty operand, as FTS5 keeps it)."""
     phrases: list[tuple[tuple[str, bool], ...]] = []
     near: list[tuple[tuple[int, ...], int]] = []
+    indexes: dict[int, tuple[int, ...]] = {}
 
     def visit(item: Node) -> None:
         if isinstance(item, Phrase):
-            phrases.append(item.tokens)
+            indexes[id(item)] = (len(phrases),)
+            phrases.append(item.text)
         elif isinstance(item, Near):
             first = len(phrases)
-            phrases.extend(phrase.tokens for phrase in item.phrases)
-            near.append((tuple(range(first, len(phrases))), item.distance))
+            phrases.extend(phrase.text for phrase in item.phrases)
+            indexes[id(item)] = tuple(range(first, len(phrases)))
+            near.append((indexes[id(item)], item.distance))
         elif isinstance(item, And | Or):
             for operand in item.operands:
                 visit(operand)
@@ -543,8 +559,43 @@ def highlight_of(node: Node) -> Highlight:
             visit(item.positive)
             visit(item.negative)
 
+    def run(item: Node) -> tuple[int, ...] | None:
+        """The phrases of an operand written side by side; None for anything else."""
+        if isinstance(item, Phrase | Near):
+            return indexes[id(item)]
+        if isinstance(item, Nothing):
+            return ()
+        if isinstance(item, And) and all(isinstance(o, Phrase | Near) for o in item.operands):
+            return tuple(i for operand in item.operands for i in indexes[id(operand)])
+        return None
+
+    def groups_of(tree: Node) -> tuple[Group, ...] | None:
+        groups: list[Group] = []
+        for disjunct in tree.operands if isinstance(tree, Or) else (tree,):
+            operands: list[tuple[int, ...]] = []
+            negated: list[tuple[int, ...]] = []
+            for conjunct in disjunct.operands if isinstance(disjunct, And) else (disjunct,):
+                while isinstance(conjunct, Not):
+                    right = run(conjunct.negative)
+                    if right is None:
+                        return None
+                    negated.append(right)
+                    conjunct = conjunct.positive
+                left = run(conjunct)
+                if left is None:
+                    if isinstance(conjunct, And):  # a side-by-side run ANDed: its parts
+                        parts = [run(operand) for operand in conjunct.operands]
+                        if any(part is None for part in parts):
+                            return None
+                        operands.extend(part for part in parts if part is not None)
+                        continue
+                    return None
+                operands.append(left)
+            groups.append((tuple(operands), tuple(negated)))
+        return tuple(groups)
+
     visit(node)
-    return Highlight(tuple(phrases), tuple(near))
+    return Highlight(tuple(phrases), tuple(near), groups_of(node))
 
 
 def matches(node: Node, tokens: Sequence[str]) -> bool:
