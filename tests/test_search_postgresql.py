@@ -293,3 +293,36 @@ def test_results_follow_inserts_deletes_and_flag_updates(stores: tuple[Engine, E
     finally:
         with server.begin() as conn:
             conn.execute(delete(messages).where(messages.c.id.in_(ids)))
+
+
+def test_equal_timestamps_are_ranked_within_pages_in_time_order(
+    stores: tuple[Engine, Engine],
+) -> None:
+    """Ordered by time, rank is computed for the page's timestamps only: pages still cut
+    the same list as one whole answer, ties ordered by rank, then by id."""
+    _, server = stores
+    messages = Base.metadata.tables["messages"]
+    contents = ["qwertz filler words here", "qwertz qwertz", "qwertz and more filler", "qwertz"]
+    with server.begin() as conn:
+        session = conn.execute(select(Base.metadata.tables["sessions"].c.id)).scalars().first()
+        ids = [
+            conn.execute(
+                insert(messages).returning(messages.c.id),
+                {"session_id": session, "role": "user", "content": content, "timestamp": 5.0},
+            ).scalar_one()
+            for content in contents
+        ]
+    try:
+        for sort in ("newest", "oldest"):
+            whole = [hit["id"] for hit in _search(server, query="qwertz", sort=sort, limit=-1)]
+            assert sorted(whole) == ids
+            assert whole[0] == ids[1]  # the most occurrences in the fewest words ranks first
+            pages = [
+                hit["id"]
+                for offset in range(len(ids))
+                for hit in _search(server, query="qwertz", sort=sort, limit=1, offset=offset)
+            ]
+            assert pages == whole
+    finally:
+        with server.begin() as conn:
+            conn.execute(delete(messages).where(messages.c.id.in_(ids)))

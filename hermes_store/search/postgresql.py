@@ -15,7 +15,7 @@ exactly those expressions, so the planner can use those indexes.
 - LIKE scan (1-2 CJK characters): the contract's per-column LIKE, with SQLite's
   ASCII-only case folding, without the visibility filter (the legacy quirk).
 
-Rank is ``ts_rank`` (word path) or pg_trgm's ``similarity`` (trigram path), higher first,
+Rank is ``ts_rank_cd`` (word path) or pg_trgm's ``similarity`` (trigram path), higher first,
 not FTS5's BM25; ties go to the lower id. Snippets are made in Python from the indexed text
 of the page's hits (:mod:`hermes_store.fts5_snippet`). README, "Search on PostgreSQL",
 lists every difference from SQLite.
@@ -70,6 +70,7 @@ from hermes_store.search.query import (
 )
 from hermes_store.search.schema import (
     _RESULT_COLUMNS,
+    _RESULT_KEYS,
     _filter_criteria,
     _Filters,
     _m,
@@ -89,9 +90,11 @@ _UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
 
 
-def _document() -> ColumnElement[str]:
+def _document(columns: Any = _m.c) -> ColumnElement[str]:
     """The indexed text: the expression both indexes are built on."""
-    return func.hermes_search_document(_m.c.content, _m.c.tool_name, _m.c.tool_calls, type_=String)
+    return func.hermes_search_document(
+        columns.content, columns.tool_name, columns.tool_calls, type_=String
+    )
 
 
 def _words() -> ColumnElement[Any]:
@@ -238,21 +241,53 @@ def _paged(statement: Any, page: tuple[int, int]) -> tuple[Any, dict[str, Any]]:
     return statement, values
 
 
-def _ordered(statement: Any, sort: str | None, rank: ColumnElement[Any]) -> Any:
-    """The contract's order, rank (higher first) the tie-breaker, then the lower id."""
-    if sort == "newest":
-        return statement.order_by(_m.c.timestamp.desc(), rank.desc(), _m.c.id)
-    if sort == "oldest":
-        return statement.order_by(_m.c.timestamp.asc(), rank.desc(), _m.c.id)
-    return statement.order_by(rank.desc(), _m.c.id)
-
-
 def _select(condition: ColumnElement[bool], filters: _Filters, *, visibility: bool) -> Any:
     return (
         select(_m.c.id, *_RESULT_COLUMNS)
         .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
         .where(condition, *_filter_criteria(filters.given(visibility=visibility)))
     )
+
+
+Rank = Callable[[ColumnElement[str]], ColumnElement[float]]
+
+
+def _ranked(
+    condition: ColumnElement[bool],
+    filters: _Filters,
+    sort: str | None,
+    page: tuple[int, int],
+    rank_of: Rank,
+) -> tuple[Any, dict[str, Any]]:
+    """The hits in the contract's order (rank higher first, then the lower id), one page.
+
+    Rank needs each row's text tokenised again (nothing is stored): ordered by rank, every
+    hit pays it; ordered by time, only the rows of the page's timestamps do (the first
+    limit + offset hits by time, ties included, are ranked; then the page is cut).
+    """
+    limit, offset = page
+    if sort not in ("newest", "oldest"):
+        statement = _select(condition, filters, visibility=True)
+        rank = rank_of(_document())
+        return _paged(statement.order_by(rank.desc(), _m.c.id), page)
+    by_time = _m.c.timestamp.desc() if sort == "newest" else _m.c.timestamp.asc()
+    statement = _select(condition, filters, visibility=True).add_columns(
+        _m.c.content, _m.c.tool_name, _m.c.tool_calls
+    )
+    window: dict[str, Any] = {}
+    if limit >= 0:
+        statement = statement.order_by(by_time).fetch(
+            bindparam("window", type_=Integer), with_ties=True
+        )
+        window["window"] = limit + max(offset, 0)
+    hits = statement.subquery("hits")
+    rank = rank_of(_document(hits.c))
+    in_time = hits.c.timestamp.desc() if sort == "newest" else hits.c.timestamp.asc()
+    outer = select(hits.c.id, *(hits.c[key] for key in _RESULT_KEYS)).order_by(
+        in_time, rank.desc(), hits.c.id
+    )
+    outer, values = _paged(outer, page)
+    return outer, {**values, **window}
 
 
 def word_statement(
@@ -262,12 +297,14 @@ def word_statement(
     binds = _Binds()
     query = tsquery_of(tree, binds)
     condition = _words().op("@@", return_type=Boolean)(query)
-    # ts_rank with normalisation 1: divided by 1 + log(document length), as BM25 favours
-    # short documents. Computed from the document's tsvector (nothing is stored).
-    rank = func.ts_rank(_words(), query, literal(1, Integer), type_=Float)
-    statement, values = _paged(
-        _ordered(_select(condition, filters, visibility=True), sort, rank), page
-    )
+
+    # ts_rank_cd (cover density) with normalisation 1: divided by 1 + log(document
+    # length), as BM25 favours short documents; cheaper than ts_rank on long texts.
+    def rank_of(document: ColumnElement[str]) -> ColumnElement[float]:
+        words = func.hermes_search_words(document, type_=TSVECTOR)
+        return func.ts_rank_cd(words, query, literal(1, Integer), type_=Float)
+
+    statement, values = _ranked(condition, filters, sort, page, rank_of)
     return statement, {**filters.values(), **binds.values, **values}
 
 
@@ -278,10 +315,11 @@ def trigram_statement(
     binds = _Binds()
     condition = trigram_condition(tree, binds)
     terms = binds(to_server_text(" ".join(route.like_tokens)))
-    rank = func.similarity(_document(), terms, type_=Float)
-    statement, values = _paged(
-        _ordered(_select(condition, filters, visibility=True), sort, rank), page
-    )
+
+    def rank_of(document: ColumnElement[str]) -> ColumnElement[float]:
+        return func.similarity(document, terms, type_=Float)
+
+    statement, values = _ranked(condition, filters, sort, page, rank_of)
     return statement, {**filters.values(), **binds.values, **values}
 
 
