@@ -19,6 +19,7 @@ import pytest
 from parity_queries import PARITY_QUERIES
 from sqlalchemy import Engine, create_engine, delete, insert, select, text, update
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import ProgrammingError
 
 from hermes_store import corpus, migrate
 from hermes_store.engine import create_store_engine
@@ -326,3 +327,12 @@ def test_equal_timestamps_are_ranked_within_pages_in_time_order(
     finally:
         with server.begin() as conn:
             conn.execute(delete(messages).where(messages.c.id.in_(ids)))
+
+
+def test_a_database_without_the_schema_is_an_error_not_an_empty_answer(pg_url: str) -> None:
+    engine = create_engine(pg_url)
+    try:
+        with engine.connect() as conn, pytest.raises(ProgrammingError):
+            search_messages(conn, "def")
+    finally:
+        engine.dispose()

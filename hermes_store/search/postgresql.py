@@ -355,8 +355,9 @@ def _encodable(values: Iterable[Any]) -> bool:
 
 
 def _rows(conn: Connection, statement: Any, values: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The statement's rows; None when the server rejected it (in a savepoint, so the
-    caller's transaction goes on)."""
+    """The statement's rows; None when the server rejected the query's values (in a
+    savepoint, so the caller's transaction goes on). Any other error (a store without the
+    search functions, a lost connection) is raised: it is no answer to the query."""
     if not _encodable(values.values()):
         log.debug("search: query or filter not encodable as UTF-8; no results")
         return []
@@ -364,8 +365,20 @@ def _rows(conn: Connection, statement: Any, values: dict[str, Any]) -> list[dict
         with conn.begin_nested():
             return [dict(row) for row in conn.execute(statement, values).mappings()]
     except DBAPIError as exc:
+        if not _rejected_query(exc):
+            raise
         log.debug("search: PostgreSQL rejected the query (%s)", type(exc.orig).__name__)
         return None
+
+
+#: SQLSTATEs of a query the server refuses for what it says: a data exception (class 22),
+#: a syntax error (a tsquery that does not parse), a limit exceeded (class 54).
+_REJECTED = ("22", "42601", "54")
+
+
+def _rejected_query(exc: DBAPIError) -> bool:
+    state = str(getattr(exc.orig, "sqlstate", "") or "")
+    return any(state.startswith(prefix) for prefix in _REJECTED)
 
 
 def _documents(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
