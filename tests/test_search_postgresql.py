@@ -35,7 +35,15 @@ from hermes_store.search import (
     search_messages,
     search_store,
 )
-from hermes_store.search.query import _Route, matches, parse_query, simplify, word_tokens
+from hermes_store.search.postgresql import _ascii_caseless
+from hermes_store.search.query import (
+    _escape_like,
+    _Route,
+    matches,
+    parse_query,
+    simplify,
+    word_tokens,
+)
 from hermes_store.search.schema import _Filters
 
 pytestmark = pytest.mark.postgresql
@@ -398,3 +406,27 @@ def test_random_queries_never_raise_and_page_by_time_as_on_sqlite(
     found = [hit["id"] for hit in _search(server, query=query, sort="newest")]
     if not any(char in query for char in "\ue000²ß"):  # the documented tokeniser differences
         assert found == expected
+
+
+LIKE_ALPHABET = "aAbBzZéÉß数据的 %_\\.[]()*+?^$|{}-"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(LIKE_ALPHABET, min_size=1, max_size=6), st.text(LIKE_ALPHABET, max_size=12))
+def test_the_like_scan_folds_case_as_sqlite_like_does(
+    stores: tuple[Engine, Engine], token: str, text_: str
+) -> None:
+    lite, server = stores
+    with lite.connect() as conn:
+        expected = conn.exec_driver_sql(
+            "SELECT ? LIKE ? ESCAPE '\\'", (text_, f"%{_escape_like(token)}%")
+        ).scalar_one()
+    with server.connect() as conn:
+        regex = conn.execute(text("SELECT :t ~ :r"), {"t": text_, "r": _ascii_caseless(token)})
+        plain = conn.execute(
+            text("SELECT :t LIKE :p"), {"t": text_, "p": f"%{_escape_like(token)}%"}
+        )
+        found = regex.scalar_one() if any(c.isascii() and c.isalpha() for c in token) else None
+        if found is None:
+            found = plain.scalar_one()
+    assert bool(found) == bool(expected), (token, text_)
