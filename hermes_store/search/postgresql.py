@@ -23,9 +23,7 @@ lists every difference from SQLite.
 
 from __future__ import annotations
 
-import importlib
 import logging
-import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -47,6 +45,7 @@ from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY, TSVECTOR
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store.fts5_snippet import trigram_snippet, word_snippet
 from hermes_store.models import SERVER_NUL, from_server_text, to_server_text
 from hermes_store.search.context import CONTEXT_WINDOWS, SearchHit, SearchResults, contexts_of
 from hermes_store.search.query import (
@@ -66,7 +65,6 @@ from hermes_store.search.query import (
     highlight_of,
     parse_query,
     simplify,
-    word_tokens,
 )
 from hermes_store.search.schema import (
     _RESULT_COLUMNS,
@@ -428,15 +426,13 @@ def search(
         rows = _rows(conn, *word_statement(tree, filters, sort, page))
 
         def snippets(text: str) -> str:
-            return str(
-                _snippets().word_snippet(
-                    text,
-                    highlight.phrases,
-                    near=highlight.near,
-                    groups=highlight.groups,
-                    tokens=SNIPPET_TOKENS,
-                    **SNIPPET_MARKS,
-                )
+            return word_snippet(
+                text,
+                highlight.phrases,
+                near=highlight.near,
+                groups=highlight.groups,
+                tokens=SNIPPET_TOKENS,
+                **SNIPPET_MARKS,
             )
 
     else:
@@ -454,14 +450,12 @@ def search(
                 rows = _rows(conn, *trigram_statement(tree, route, filters, sort, page))
 
                 def snippets(text: str) -> str:
-                    return str(
-                        _snippets().trigram_snippet(
-                            text,
-                            substrings,
-                            groups=marks.groups,
-                            tokens=SNIPPET_TOKENS,
-                            **SNIPPET_MARKS,
-                        )
+                    return trigram_snippet(
+                        text,
+                        substrings,
+                        groups=marks.groups,
+                        tokens=SNIPPET_TOKENS,
+                        **SNIPPET_MARKS,
                     )
 
         if rows is None:
@@ -508,46 +502,3 @@ def _windows(conn: Connection, chunk: list[int]) -> list[tuple[Any, ...]]:
         (hit_id, role, from_server_text(content) if isinstance(content, str) else content)
         for hit_id, role, content in conn.execute(CONTEXT_WINDOWS, {"ids": chunk})
     ]
-
-
-def _snippets() -> Any:
-    """hermes_store.fts5_snippet (FTS5's snippet() in Python)."""
-    try:
-        return importlib.import_module("hermes_store.fts5_snippet")
-    except ImportError:  # until it is merged: a stand-in that marks whole tokens
-        return _StandIn
-
-
-class _StandIn:
-    """Marks phrase tokens in the first 40 tokens around the first hit (development only)."""
-
-    @staticmethod
-    def word_snippet(text: str, phrases: Any, **options: Any) -> str:
-        words = {token for phrase in phrases for text, _ in phrase for token in word_tokens(text)}
-        spans = [(m.start(), m.end()) for m in re.finditer(r"[^\W_]+", text)]
-        hits = [
-            i
-            for i, (a, b) in enumerate(spans)
-            if word_tokens(text[a:b]) and word_tokens(text[a:b])[0] in words
-        ]
-        first = max(0, (hits[0] if hits else 0) - 5)
-        window = spans[first : first + options["tokens"]]
-        if not window:
-            return ""
-        out, position = [], window[0][0]
-        for i, (a, b) in enumerate(window, start=first):
-            out.append(text[position:a])
-            piece = text[a:b]
-            out.append(f">>>{piece}<<<" if i in hits else piece)
-            position = b
-        return "".join(out)
-
-    @staticmethod
-    def trigram_snippet(text: str, substrings: Any, **options: Any) -> str:
-        for substring in substrings:
-            found = text.lower().find(substring.lower())
-            if found != -1:
-                end = found + len(substring)
-                before, after = text[max(0, found - 40) : found], text[end : end + 40]
-                return f"{before}>>>{text[found:end]}<<<{after}"
-        return text[:120]
