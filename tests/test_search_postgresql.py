@@ -19,7 +19,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from parity_queries import PARITY_QUERIES
-from sqlalchemy import Engine, create_engine, delete, insert, select, text, update
+from sqlalchemy import (
+    Boolean,
+    Engine,
+    String,
+    create_engine,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import TSVECTOR
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ProgrammingError
 
@@ -35,7 +48,7 @@ from hermes_store.search import (
     search_messages,
     search_store,
 )
-from hermes_store.search.postgresql import _ascii_caseless
+from hermes_store.search.postgresql import _ascii_caseless, _Binds, tsquery_of
 from hermes_store.search.query import (
     _escape_like,
     _Route,
@@ -419,3 +432,45 @@ def test_the_like_scan_folds_case_as_sqlite_like_does(
         if found is None:
             found = plain.scalar_one()
     assert bool(found) == bool(expected), (token, text_)
+
+
+NEAR_DOCUMENTS = [
+    "a b",
+    "a x b",
+    "a x y b",
+    "b a",
+    "b x y a",
+    "c d a b",
+    "a c d x b",
+    "a",
+    "b x c d",
+]
+
+
+@pytest.mark.parametrize(
+    ("query", "exact"),
+    [
+        ("NEAR(a b, 1)", True),
+        ("NEAR(a b, 0)", True),
+        ('NEAR("c d" b, 1)', True),
+        ("NEAR(a b)", True),
+        ("NEAR(a* b, 1)", True),
+        ("NEAR(a b c, 2)", False),
+    ],
+)
+def test_near_groups_as_tsquery(stores: tuple[Engine, Engine], query: str, exact: bool) -> None:
+    """Two phrases: exactly FTS5's NEAR (as the parser evaluates it); more: a superset."""
+    _, server = stores
+    tree = parse_query(query)
+    with server.connect() as conn:
+        for document in NEAR_DOCUMENTS:
+            binds = _Binds()
+            match = func.hermes_search_words(literal(document, String), type_=TSVECTOR).op(
+                "@@", return_type=Boolean
+            )(tsquery_of(tree, binds))
+            found = conn.execute(select(match), binds.values).scalar_one()
+            expected = matches(tree, word_tokens(document))
+            if exact:
+                assert found == expected, document
+            else:  # three phrases: the AND of them
+                assert found or not expected, document

@@ -135,14 +135,14 @@ def _phrase(binds: _Binds, phrase: Phrase) -> ColumnElement[Any]:
 
 def _near(binds: _Binds, near: Near) -> ColumnElement[Any]:
     phrases = [_phrase(binds, phrase) for phrase in near.phrases]
-    every = _combine("&&", phrases)
+    every = _combine("tsquery_and", phrases)
     if len(phrases) != 2 or near.distance > NEAR_EXACT_DISTANCE:
         return every
     first, second = phrases
     # FTS5: the later phrase starts at most `distance` tokens after the earlier one ends;
     # tsquery_phrase(a, b, n): b starts exactly n positions after a's last word.
     return _combine(
-        "||",
+        "tsquery_or",
         [
             func.tsquery_phrase(left, right, literal(gap, Integer), type_=TSQUERY)
             for gap in range(1, near.distance + 2)
