@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from parity_queries import PARITY_QUERIES
+from parity_queries import PARITY_QUERIES, UNENCODABLE_QUERIES
 from sqlalchemy import (
     Boolean,
     Engine,
@@ -474,3 +474,11 @@ def test_near_groups_as_tsquery(stores: tuple[Engine, Engine], query: str, exact
                 assert found == expected, document
             else:  # three phrases: the AND of them
                 assert found or not expected, document
+
+
+@pytest.mark.parametrize("query", UNENCODABLE_QUERIES)
+def test_lone_surrogates_answer_nothing_as_on_sqlite(
+    stores: tuple[Engine, Engine], query: dict[str, Any]
+) -> None:
+    lite, server = stores
+    assert _search(server, **query) == _search(lite, **query) == []
