@@ -65,6 +65,7 @@ from hermes_store.search.query import (
     highlight_of,
     parse_query,
     simplify,
+    word_tokens,
 )
 from hermes_store.search.schema import (
     _RESULT_COLUMNS,
@@ -126,7 +127,9 @@ def _segment(binds: _Binds, text: str, prefix: bool) -> ColumnElement[Any]:
 
 
 def _phrase(binds: _Binds, phrase: Phrase) -> ColumnElement[Any]:
-    segments = [_segment(binds, text, prefix) for text, prefix in phrase.text if text.strip()]
+    """A phrase's segments (``a + "b c"*``) joined by ``<->``; a segment without tokens
+    adds none, as in FTS5."""
+    segments = [_segment(binds, text, prefix) for text, prefix in phrase.text if word_tokens(text)]
     query = segments[0]
     for segment in segments[1:]:
         query = func.tsquery_phrase(query, segment, type_=TSQUERY)
