@@ -774,10 +774,14 @@ RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT regexp_replace({schema}.unaccent('{schema}.unaccent'\\:\\:regdictionary, $1),
                             '[^[\\:alnum\\:]]+', ' ', 'g') $$
 """
+# A tsvector holds at most 1 MB of distinct words: a larger one is an error, and the
+# INSERT of its message would fail. A text under 512 KB cannot reach it; of a longer one
+# (a huge tool output) the first 131,072 characters (at most 512 KB) are indexed by words.
 POSTGRESQL_WORDS_FUNCTION = """
 CREATE OR REPLACE FUNCTION hermes_search_words(document text)
 RETURNS tsvector LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT to_tsvector('simple'\\:\\:regconfig, hermes_search_lexemes($1)) $$
+AS $$ SELECT to_tsvector('simple'\\:\\:regconfig, hermes_search_lexemes(
+    CASE WHEN octet_length($1) < 524288 THEN $1 ELSE left($1, 131072) END)) $$
 """
 POSTGRESQL_FUNCTIONS = {
     "hermes_search_document(text, text, text)": POSTGRESQL_DOCUMENT_FUNCTION,

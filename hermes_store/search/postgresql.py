@@ -16,7 +16,8 @@ exactly those expressions, so the planner can use those indexes.
   ASCII-only case folding, without the visibility filter (the legacy quirk).
 
 Rank is ``ts_rank_cd`` (word path) or pg_trgm's ``similarity`` (trigram path), higher first,
-not FTS5's BM25; ties go to the lower id. Snippets are made in Python from the indexed text
+not FTS5's BM25; ties go to the lower id. Only the newest RANK_WINDOW matches are ranked;
+older ones follow them, newest first. Snippets are made in Python from the indexed text
 of the page's hits (:mod:`hermes_store.fts5_snippet`). README, "Search on PostgreSQL",
 lists every difference from SQLite.
 """
@@ -35,9 +36,11 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
+    case,
     func,
     literal,
     not_,
+    null,
     or_,
     select,
 )
@@ -273,6 +276,11 @@ def _select(condition: ColumnElement[bool], filters: _Filters, *, visibility: bo
 
 
 Rank = Callable[[ColumnElement[str]], ColumnElement[float]]
+#: How many of a query's matches (the newest) are ranked when the order is by rank. Rank
+#: needs each row's text tokenised again (the text is stored once; no tsvector is kept):
+#: about half a millisecond a message here, so ranking every match of a common word of a
+#: large store would take seconds. Within the window the order is exact.
+RANK_WINDOW = 200
 
 
 def _ranked(
@@ -290,9 +298,22 @@ def _ranked(
     """
     limit, offset = page
     if sort not in ("newest", "oldest"):
-        statement = _select(condition, filters, visibility=True)
-        rank = rank_of(_document())
-        return _paged(statement.order_by(rank.desc(), _m.c.id), page)
+        # Ranked: the RANK_WINDOW newest matches (a sort of ids only, no text), by rank;
+        # older matches after them, newest first. CASE evaluates the rank of those rows only.
+        statement = _select(condition, filters, visibility=True).add_columns(
+            _m.c.content,
+            _m.c.tool_name,
+            _m.c.tool_calls,
+            func.row_number().over(order_by=_m.c.id.desc()).label("recency"),
+        )
+        hits = statement.subquery("hits")
+        in_window = hits.c.recency <= bindparam("rank_window", type_=Integer)
+        windowed = case((in_window, rank_of(_document(hits.c))), else_=null())
+        outer = select(hits.c.id, *(hits.c[key] for key in _RESULT_KEYS)).order_by(
+            windowed.desc().nulls_last(), case((in_window, hits.c.id), else_=-hits.c.id)
+        )
+        outer, values = _paged(outer, page)
+        return outer, {**values, "rank_window": RANK_WINDOW}
     by_time = _m.c.timestamp.desc() if sort == "newest" else _m.c.timestamp.asc()
     statement = _select(condition, filters, visibility=True).add_columns(
         _m.c.content, _m.c.tool_name, _m.c.tool_calls
