@@ -23,11 +23,12 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.text import Text
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store import backfill, fts, migrate, server
 from hermes_store import corpus as corpus_mod
+from hermes_store.bulk_copy import copy_rows
 from hermes_store.engine import (
     create_store_engine,
     db_path,
@@ -1355,22 +1356,116 @@ DEMO_QUERIES = ("error", "import json", "TODO: fix", "def*", "terminal OR docker
     help="Where to write demo.db (default: a new temporary directory).",
 )
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
-def demo(n_messages: int, directory: Path | None, seed: int) -> None:
+@click.option(
+    "--db",
+    "db",
+    metavar="URL",
+    default=None,
+    help="Also copy the upgraded store into this empty PostgreSQL database "
+    "(postgresql+psycopg://...) and compare the searches on both.",
+)
+def demo(n_messages: int, directory: Path | None, seed: int, db: str | None) -> None:
     """Build a realistic legacy store, upgrade it, optimize it and compare search results.
 
     Generates a schema-30 store in the legacy inline layout (never under Alembic), runs
     the real upgrade (adoption, then in-place conversion), `optimize`, and prints the
-    storage report before and after and a few searches answered identically.
+    storage report before and after and a few searches answered identically. With --db
+    URL (an empty PostgreSQL database) the upgraded store is then copied into it at head,
+    its storage report shown, and the same searches compared on both databases.
 
     \b
-    Example:
+    Examples:
       hermes-store demo --messages 20000 --dir /tmp/hermes-demo
+      hermes-store demo --db postgresql+psycopg://hermes@localhost/hermes_demo
     """
     with operator_errors():
-        run_demo(n_messages, directory, seed)
+        target = _demo_target(db)
+        path = run_demo(n_messages, directory, seed)
+        if target is not None:
+            run_demo_on_server(path, target)
 
 
-def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
+def _demo_target(db: str | None) -> str | None:
+    """The PostgreSQL database the demo copies into: given explicitly, and empty."""
+    if db is None:
+        return None
+    url = server_url(db)
+    if url is None:
+        raise NotOnThisDatabase(
+            "demo --db takes a PostgreSQL URL (postgresql+psycopg://...); the SQLite demo "
+            "store is written to --dir"
+        )
+    engine = create_store_engine(url, create=False)
+    try:
+        with engine.connect() as conn:
+            tables = sorted(inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+    if tables:
+        raise StoreError(
+            f"{display_url(url)} already holds tables ({', '.join(tables[:5])}"
+            f"{', ...' if len(tables) > 5 else ''}); the demo writes into an empty database "
+            "only. Nothing was changed"
+        )
+    return url
+
+
+def run_demo_on_server(path: Path, url: str) -> None:
+    """The demo's PostgreSQL part: upgrade the empty database, copy the store, compare."""
+    step = _progress(_interactive())
+    step(f"creating the store in {display_url(url)}")
+    migrate.upgrade(url)
+    step("copying the upgraded store's rows")
+    copied = copy_rows(str(path), url)
+    engine = create_store_engine(url, create=False)
+    try:
+        optimize_server(engine)  # the planner's statistics, as an operator would
+        with engine.connect() as conn:
+            report = server_storage_report(conn)
+            server_hits = {q: _demo_search(conn, q) for q in DEMO_QUERIES}
+    finally:
+        engine.dispose()
+    sqlite_engine = create_store_engine(str(path), create=False)
+    try:
+        with sqlite_engine.connect() as conn:
+            sqlite_hits = {q: _demo_search(conn, q) for q in DEMO_QUERIES}
+    finally:
+        sqlite_engine.dispose()
+    say(
+        f"\n== copied into PostgreSQL ({display_url(url)}): {copied.get('sessions', 0)} "
+        f"sessions, {copied.get('messages', 0)} messages",
+        style="bold",
+    )
+    _print_server_storage(report, "text")
+    records = [
+        {
+            "query": query,
+            "sqlite": len(sqlite_hits[query]),
+            "postgresql": len(server_hits[query]),
+            "result": "same messages" if sqlite_hits[query] == server_hits[query] else "DIFFERENT",
+        }
+        for query in DEMO_QUERIES
+    ]
+    emit_records(
+        "text",
+        records,
+        ["query", "sqlite", "postgresql", "result"],
+        title="\n== the same searches on SQLite and PostgreSQL (newest 50 hits)",
+        right=["sqlite", "postgresql"],
+    )
+    different = [record["query"] for record in records if record["result"] != "same messages"]
+    if different:
+        raise click.ClickException(
+            f"PostgreSQL finds other messages than SQLite for {', '.join(map(repr, different))}"
+        )
+
+
+def _demo_search(conn: Connection, query: str) -> list[int]:
+    """The ids of a query's newest 50 hits (rank order may differ between databases)."""
+    return [hit["id"] for hit in search_messages(conn, query, limit=50, sort="newest")]
+
+
+def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
     """The demo's steps (see `demo`)."""
     step = _progress(_interactive())
     directory = directory or Path(tempfile.mkdtemp(prefix="hermes-demo-"))
@@ -1434,6 +1529,7 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
     for record in records:
         if record["result"] != "identical":
             raise click.ClickException(f"search results differ for {record['query']!r}")
+    return path
 
 
 if __name__ == "__main__":
