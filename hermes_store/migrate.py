@@ -1270,6 +1270,7 @@ def _run_env_on_server(
         deletes_data_ok=x.get(DELETE_DATA_X, "").lower() in ("1", "true", "yes"),
         destination=destination,
         how=f"`alembic -x {DELETE_DATA_X}=true downgrade base`",
+        lock_timeout=server.lock_timeout_ms(x),
         **overrides,
     )
 

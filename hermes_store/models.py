@@ -9,8 +9,8 @@ from __future__ import annotations
 from sqlalchemy import BLOB as SQLITE_BLOB
 from sqlalchemy import INTEGER as SQLITE_INTEGER
 from sqlalchemy import REAL as SQLITE_REAL
+from sqlalchemy import TEXT as SQLITE_TEXT
 from sqlalchemy import (
-    TEXT,
     Column,
     ForeignKey,
     Index,
@@ -22,12 +22,45 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import BIGINT, BYTEA, DOUBLE_PRECISION
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
-from sqlalchemy.types import TypeEngine
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 #: SQLite's column types, and what holds the same values on PostgreSQL: INTEGER is 64-bit
 #: in SQLite, and REAL an 8-byte float (PostgreSQL's REAL is 4 bytes: timestamps would
 #: lose their seconds).
+#: PostgreSQL text cannot hold NUL, which SQLite stores do (the multimodal content prefix
+#: "\x00json:", binary tool output). On PostgreSQL a NUL is stored as U+FFFE, a Unicode
+#: noncharacter (never part of text people write or exchange), and read back as NUL: what
+#: the data layer gives and takes is the same on both databases.
+NUL = "\x00"
+SERVER_NUL = "\ufffe"
+
+
+def to_server_text(value: str) -> str:
+    """A string as PostgreSQL stores it (NUL as U+FFFE)."""
+    return value.replace(NUL, SERVER_NUL) if NUL in value else value
+
+
+def from_server_text(value: str) -> str:
+    """A string read from PostgreSQL as the data layer gives it (U+FFFE as NUL)."""
+    return value.replace(SERVER_NUL, NUL) if SERVER_NUL in value else value
+
+
+class ServerText(TypeDecorator[str]):
+    """TEXT on PostgreSQL, with NUL carried as U+FFFE both ways (see :data:`SERVER_NUL`)."""
+
+    impl = SQLITE_TEXT
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else to_server_text(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else from_server_text(value)
+
+
+TEXT: TypeEngine[str] = SQLITE_TEXT().with_variant(ServerText(), "postgresql")
 INTEGER: TypeEngine[int] = SQLITE_INTEGER().with_variant(BIGINT(), "postgresql")
 REAL: TypeEngine[float] = SQLITE_REAL().with_variant(DOUBLE_PRECISION(), "postgresql")
 BLOB: TypeEngine[bytes] = SQLITE_BLOB().with_variant(BYTEA(), "postgresql")

@@ -10,7 +10,8 @@ never run revisions at once, and refuses a database that holds tables it does no
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,11 @@ from hermes_store.models import Base
 
 #: pg_advisory_lock key held while revisions run ("hermes" in ASCII, then 1).
 UPGRADE_LOCK_KEY = 0x6865726D657301
+#: How long a revision waits for a lock before it gives up (``-x lock_timeout_ms=N``). While
+#: a revision waits for a table lock, PostgreSQL queues every later writer of that table
+#: behind it: a short wait that fails in one line keeps the agent writing.
+MIGRATION_LOCK_TIMEOUT_MS = 3000
+LOCK_TIMEOUT_X = "lock_timeout_ms"
 #: Tables a hermes-store database may hold beside the models' own.
 ALEMBIC_TABLE = "alembic_version"
 
@@ -48,19 +54,36 @@ def refuse_foreign_database(conn: Connection) -> None:
     )
 
 
+def lock_timeout_ms(x: Mapping[str, str]) -> int:
+    """The migrations' lock timeout: ``-x lock_timeout_ms=N``, else the default (3 s)."""
+    raw = str(x.get(LOCK_TIMEOUT_X, "")).strip()
+    if not raw:
+        return MIGRATION_LOCK_TIMEOUT_MS
+    if not raw.isdigit() or int(raw) == 0:
+        raise StoreError(
+            f"-x {LOCK_TIMEOUT_X}={raw!r}: expected a whole number of milliseconds above 0 "
+            "(0 would let a revision queue the agent's writes behind it without limit)"
+        )
+    return int(raw)
+
+
 @contextlib.contextmanager
-def upgrade_lock(conn: Connection, *, wait: bool = True) -> Iterator[None]:
-    """Hold the database's upgrade lock (session-level, so across each revision's commit)."""
-    if wait:
-        conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": UPGRADE_LOCK_KEY})
-    else:
+def upgrade_lock(conn: Connection, *, timeout_ms: int) -> Iterator[None]:
+    """Hold the database's upgrade lock (session-level, so across each revision's commit),
+    and make every lock the revisions wait for give up after ``timeout_ms``."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
         got = conn.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": UPGRADE_LOCK_KEY})
-        if not got.scalar():
-            conn.rollback()
+        if got.scalar():
+            break
+        conn.rollback()
+        if time.monotonic() >= deadline:
             raise StoreBusy(
                 "another hermes-store upgrade is running on this database; nothing was "
                 "changed. Run the command again when it has finished"
             )
+        time.sleep(0.1)
+    conn.execute(text(f"SET lock_timeout = {int(timeout_ms)}"))
     conn.commit()  # the lock outlives the transaction; each revision runs in its own
     try:
         yield
@@ -69,6 +92,7 @@ def upgrade_lock(conn: Connection, *, wait: bool = True) -> Iterator[None]:
             if conn.in_transaction():
                 conn.rollback()
             conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": UPGRADE_LOCK_KEY})
+            conn.execute(text("RESET lock_timeout"))
             conn.commit()
 
 
@@ -105,16 +129,21 @@ def run_revisions(
     deletes_data_ok: bool,
     destination: str | None,
     how: str,
+    lock_timeout: int = MIGRATION_LOCK_TIMEOUT_MS,
     **overrides: Any,
 ) -> None:
-    """What env.py does online on PostgreSQL: connect, lock, check, run ``run``."""
+    """What env.py does online on PostgreSQL: connect, lock, check, run ``run``.
+
+    A revision that cannot get a lock within ``lock_timeout`` ms fails as StoreBusy, one
+    line; its transaction is rolled back (the revisions before it stay applied).
+    """
     engine = create_store_engine(url, create=runs_revisions)
     try:
         with engine.connect() as conn:
             if not runs_revisions:
                 run(conn)
                 return
-            with upgrade_lock(conn):
+            with upgrade_lock(conn, timeout_ms=lock_timeout):
                 refuse_foreign_database(conn)
                 if destination is None and not deletes_data_ok:
                     refuse_deleting_data(conn, how)
@@ -122,7 +151,16 @@ def run_revisions(
                 # fts1 builds its indexes outside any (CONCURRENTLY).
                 if conn.in_transaction():
                     conn.commit()
-                run(conn, **overrides)
+                try:
+                    run(conn, **overrides)
+                except StoreBusy as exc:  # the engine's translation of lock_not_available
+                    raise StoreBusy(
+                        f"a revision waited {lock_timeout / 1000:g} s for a lock another "
+                        "session holds (a long transaction on the store's tables) and "
+                        "gave up, so that the agent's writes were not queued behind it; "
+                        "that revision was rolled back. Retry when the store is quieter, "
+                        f"or wait longer with -x {LOCK_TIMEOUT_X}=N"
+                    ) from exc
     finally:
         engine.dispose()
 

@@ -164,3 +164,56 @@ def test_sqlite_only_options_are_refused_on_postgresql(pg_url: str, tmp_path: Pa
     with pytest.raises(CommandError, match="SQLite stores"):
         command.upgrade(_alembic(pg_url, fts_backfill="deferred"), "head")
     assert _tables(pg_url) == set()
+
+
+def test_a_revision_blocked_by_a_lock_gives_up_in_one_line_and_writers_go_on(
+    pg_url: str,
+) -> None:
+    command.upgrade(_alembic(pg_url), "29")
+    holder = create_engine(pg_url)
+    writer = create_store_engine(pg_url)
+    with holder.connect() as held:
+        held.execute(text("SELECT count(*) FROM messages"))  # an open transaction reading it
+        with pytest.raises(CommandError, match=r"waited 0\.5 s for a lock") as raised:
+            command.upgrade(_alembic(pg_url, lock_timeout_ms="500"), "head")
+        assert "\n" not in str(raised.value)
+        # The writer was not queued behind the revision for longer than its timeout: it
+        # writes now, while the long transaction is still open.
+        with writer.begin() as conn:
+            conn.execute(
+                text("INSERT INTO sessions (id, source, started_at) VALUES ('w', 'cli', 1)")
+            )
+        held.rollback()
+    holder.dispose()
+    writer.dispose()
+    engine = create_store_engine(pg_url)
+    with engine.connect() as conn:
+        # 30 (ALTER TABLE messages) was rolled back whole; fts1 (no table lock) went through.
+        assert set(migrate.current_revision(conn).split(", ")) == {"29", "fts1"}
+        assert "display_order" not in {c["name"] for c in inspect(conn).get_columns("messages")}
+    engine.dispose()
+    command.upgrade(_alembic(pg_url), "head")  # and it goes through once the lock is gone
+
+
+def test_lock_timeout_must_be_positive(pg_url: str) -> None:
+    with pytest.raises(CommandError, match="above 0"):
+        command.upgrade(_alembic(pg_url, lock_timeout_ms="0"), "head")
+
+
+def test_text_with_nul_round_trips_through_the_models(pg_url: str) -> None:
+    """PostgreSQL text refuses NUL; the multimodal prefix and binary tool output have it."""
+    from sqlalchemy import insert, select
+
+    from hermes_store.models import AgentSession, Message
+
+    command.upgrade(_alembic(pg_url), "head")
+    engine = create_store_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(insert(AgentSession).values(id="s", source="cli", started_at=1.0))
+        conn.execute(
+            insert(Message).values(
+                session_id="s", role="user", content='\x00json:[{"type": "text"}]', timestamp=1.0
+            )
+        )
+        assert conn.execute(select(Message.content)).scalar_one() == '\x00json:[{"type": "text"}]'
+    engine.dispose()

@@ -21,6 +21,10 @@ Application schema 30 (with 29, which its current code runs in the same step):
   layout, left to its optimize-storage) and hermes-store's own layout are not touched,
   as the application skips them.
 
+On PostgreSQL: the same index, columns and display indexes, and the four display triggers
+as PL/pgSQL trigger functions (same names; the insert one sets the new row's
+display_order before it is written); there are no FTS5 objects to narrow.
+
 Downgrade drops the index, the triggers and the columns (their values are lost) and
 widens the inline update triggers again; the application's trigram coverage is not
 widened again (the application has no way back either).

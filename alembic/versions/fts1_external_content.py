@@ -48,6 +48,15 @@ already external is left as it is. Without the trigram tokenizer the word index 
 alone; without FTS5 the triggers are dropped (writes keep working, search returns nothing)
 and a warning logged.
 
+On PostgreSQL there is no FTS5 and no copy to remove: this step installs unaccent and
+pg_trgm when missing, creates the search functions (`hermes_search_document`, the indexed
+expression; `hermes_search_lexemes` and `hermes_search_words`, unicode61-like tokens) and
+builds two GIN expression indexes over the text stored once in `messages`
+(`messages_fts`: its tsvector; `messages_fts_trigram`: pg_trgm), CONCURRENTLY, so that
+writers are never blocked; an invalid index an interrupted build left is dropped and built
+again. The layout marker is 'expression'. Its downgrade drops the indexes and functions
+(the extensions stay: other objects of the database may use them).
+
 Downgrade converts back to the inline layout, in place as well (the copies are refilled
 from the view) when each index holds exactly the view's ids, else by re-indexing.
 Nothing is lost either way: every message stays in `messages`.
