@@ -1422,6 +1422,13 @@ def run_demo_on_server(path: Path, url: str) -> None:
         optimize_server(engine)  # the planner's statistics, as an operator would
         with engine.connect() as conn:
             report = server_storage_report(conn)
+        say(
+            f"\n== copied into PostgreSQL ({display_url(url)}): {copied.get('sessions', 0)} "
+            f"sessions, {copied.get('messages', 0)} messages",
+            style="bold",
+        )
+        _print_server_storage(report, "text")
+        with engine.connect() as conn:
             server_hits = {q: _demo_search(conn, q) for q in DEMO_QUERIES}
     finally:
         engine.dispose()
@@ -1431,12 +1438,6 @@ def run_demo_on_server(path: Path, url: str) -> None:
             sqlite_hits = {q: _demo_search(conn, q) for q in DEMO_QUERIES}
     finally:
         sqlite_engine.dispose()
-    say(
-        f"\n== copied into PostgreSQL ({display_url(url)}): {copied.get('sessions', 0)} "
-        f"sessions, {copied.get('messages', 0)} messages",
-        style="bold",
-    )
-    _print_server_storage(report, "text")
     records = [
         {
             "query": query,
