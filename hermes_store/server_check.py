@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 
 from hermes_store.fts import INDEXES, CheckResult
 from hermes_store.maintenance import RepairResult
-from hermes_store.revisions import fts_conversion, script_directory
+from hermes_store.revisions import FTS_EXTERNAL_REVISION, fts_conversion, script_directory
 from hermes_store.server import facts
 from hermes_store.server_maintenance import store_tables
 
@@ -165,23 +165,73 @@ def search_index_states(conn: Connection) -> dict[str, str]:
     }
 
 
+def applied_revisions(conn: Connection) -> set[str]:
+    """Every revision the store has run: its heads in alembic_version and their ancestors."""
+    heads, _version, _layout = facts(conn)
+    if not heads:
+        return set()
+    return {script.revision for script in script_directory().iterate_revisions(heads, "base")}
+
+
+class _Report:
+    """Collects checks into a CheckResult: each item checked, with its problem if any."""
+
+    def __init__(self) -> None:
+        self.result = CheckResult(fts_checked_on="server")
+
+    def __call__(self, item: str, problem: str | None) -> None:
+        self.result.checked.append(item)
+        if problem:
+            self.result.problems[item] = problem
+
+
 def check_server(conn: Connection, *, quick: bool = False) -> CheckResult:
     """Check a PostgreSQL store's indexes and search mechanism (read-only).
 
     Items are named like the SQLite check's ("index messages_fts", "function
-    hermes_search_words(text)", "trigger messages_display_order_insert"); ``quick`` skips
-    the amcheck verification of B-tree indexes, the one check that reads them whole.
+    hermes_search_words(text)", "trigger messages_display_order_insert"). The search
+    objects are expected once the store has run fts1, the display triggers once it has
+    run 30; before, they are listed as not checked. ``quick`` skips the amcheck
+    verification of B-tree indexes, the one check that reads them whole.
     """
     want = expected()
-    result = CheckResult(fts_checked_on="server")
+    report = _Report()
+    applied = applied_revisions(conn)
     tables = store_tables(conn)
     schema = str(conn.execute(text("SELECT current_schema()")).scalar_one())
+    sources = _function_sources(conn)
+    indexes = _indexes(conn, tables)
+    if FTS_EXTERNAL_REVISION in applied:
+        _check_search(conn, want, report, sources, indexes, schema)
+    else:
+        report.result.skipped["search indexes"] = (
+            f"the store has not run revision {FTS_EXTERNAL_REVISION}, which creates them: "
+            "run `hermes-store upgrade`"
+        )
+    for name, (_definition, valid, ready, _am) in indexes.items():
+        if name not in want.indexes:
+            report(f"index {name}", _validity(valid, ready))
+    if DISPLAY_REVISION in applied:
+        _check_display(conn, want, report, sources)
+    else:
+        report.result.skipped["display triggers"] = (
+            f"the store is below application schema {DISPLAY_REVISION}, which creates them"
+        )
+    _check_btrees(conn, report, indexes, quick=quick)
+    if conn.in_transaction():
+        conn.rollback()
+    return report.result
 
-    def report(item: str, problem: str | None) -> None:
-        result.checked.append(item)
-        if problem:
-            result.problems[item] = problem
 
+def _check_search(
+    conn: Connection,
+    want: Expected,
+    report: _Report,
+    sources: Mapping[str, tuple[str, str]],
+    indexes: Mapping[str, tuple[str, bool, bool, str]],
+    schema: str,
+) -> None:
+    """The layout marker, extensions, functions and indexes of revision fts1."""
     _revisions, _version, layout = facts(conn)
     report(
         "search layout",
@@ -198,21 +248,18 @@ def check_server(conn: Connection, *, quick: bool = False) -> CheckResult:
             f"extension {extension}",
             None if where else "not installed in this database (the search functions need it)",
         )
-    sources = _function_sources(conn)
     for signature, create in want.functions.items():
         found = sources.get(_signature(signature))
+        problem: str | None = None
         if found is None:
-            problem: str | None = "missing"
+            problem = "missing"
         elif unaccent is None and "{schema}" in create:
             problem = None  # cannot be compared without unaccent, reported above
-        elif found[0] and _normal(found[0]) != function_body(ddl(create, unaccent or "")):
+        elif _normal(found[0]) != function_body(ddl(create, unaccent or "")):
             problem = "its definition differs from the one the fts1 revision creates"
         elif found[1] != "i":
             problem = "not IMMUTABLE: an index expression cannot use it"
-        else:
-            problem = None
         report(f"function {signature}", problem)
-    indexes = _indexes(conn, tables)
     for name, create in want.indexes.items():
         found_index = indexes.get(name)
         if found_index is None:
@@ -224,13 +271,17 @@ def check_server(conn: Connection, *, quick: bool = False) -> CheckResult:
         else:
             problem = _validity(found_index[1], found_index[2])
         report(f"index {name}", problem)
-    for name, (_definition, valid, ready, _am) in indexes.items():
-        if name not in want.indexes:
-            report(f"index {name}", _validity(valid, ready))
-    triggers = _triggers(conn) if "messages" in tables else {}
+
+
+def _check_display(
+    conn: Connection, want: Expected, report: _Report, sources: Mapping[str, tuple[str, str]]
+) -> None:
+    """The display triggers of revision 30, each with its function."""
+    triggers = _triggers(conn)
     for name, create in want.display_functions.items():
         body = sources.get(f"{name}()")
         trigger = triggers.get(name)
+        problem: str | None = None
         if body is None:
             problem = "its function is missing"
         elif _normal(body[0]) != function_body(ddl(create)):
@@ -241,35 +292,41 @@ def check_server(conn: Connection, *, quick: bool = False) -> CheckResult:
             problem = "disabled: display orders are no longer kept"
         elif trigger[1] != name:
             problem = f"runs {trigger[1]}, not {name}"
-        else:
-            problem = None
         report(f"trigger {name}", problem)
+
+
+def _check_btrees(
+    conn: Connection,
+    report: _Report,
+    indexes: Mapping[str, tuple[str, bool, bool, str]],
+    *,
+    quick: bool,
+) -> None:
+    """amcheck's bt_index_check on each valid B-tree index, when the extension is there."""
+    amcheck = _schema_of_extension(conn, AMCHECK)
     if quick:
-        result.skipped[AMCHECK_ITEM] = "skipped with --quick"
-    elif _schema_of_extension(conn, AMCHECK) is None:
-        result.skipped[AMCHECK_ITEM] = (
+        report.result.skipped[AMCHECK_ITEM] = "skipped with --quick"
+        return
+    if amcheck is None:
+        report.result.skipped[AMCHECK_ITEM] = (
             "the amcheck extension is not installed in this database (CREATE EXTENSION "
             "amcheck lets check verify the B-tree indexes)"
         )
-    else:
-        amcheck = str(_schema_of_extension(conn, AMCHECK))
-        for name, (_definition, valid, _ready, am) in indexes.items():
-            if am != "btree" or not valid:
-                continue
-            item = f"amcheck {name}"
-            try:
-                with conn.begin_nested():
-                    conn.execute(
-                        text(f"SELECT {amcheck}.bt_index_check(CAST(:name AS regclass))"),
-                        {"name": name},
-                    )
-                report(item, None)
-            except DBAPIError as exc:  # the server's verdict on one index
-                detail = str(getattr(exc, "orig", exc)).strip().splitlines()
-                report(item, detail[0] if detail else type(exc).__name__)
-    if conn.in_transaction():
-        conn.rollback()
-    return result
+        return
+    for name, (_definition, valid, _ready, am) in indexes.items():
+        if am != "btree" or not valid:
+            continue
+        item = f"amcheck {name}"
+        try:
+            with conn.begin_nested():
+                conn.execute(
+                    text(f"SELECT {amcheck}.bt_index_check(CAST(:name AS regclass))"),
+                    {"name": name},
+                )
+            report(item, None)
+        except DBAPIError as exc:  # the server's verdict on one index
+            detail = str(getattr(exc, "orig", exc)).strip().splitlines()
+            report(item, detail[0] if detail else type(exc).__name__)
 
 
 def _validity(valid: bool, ready: bool) -> str | None:
@@ -345,6 +402,7 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
 __all__ = [
     "AMCHECK",
     "Expected",
+    "applied_revisions",
     "check_server",
     "ddl",
     "expected",

@@ -311,6 +311,23 @@ def test_check_passes_on_a_healthy_store(pg_store: str) -> None:
     assert any(line.startswith("amcheck") and "not checked" in line for line in lines)
 
 
+def test_check_expects_only_what_the_store_revisions_create(pg_url: str) -> None:
+    invoke("upgrade", "--db", pg_url, "--app-version", "21")
+    at_21 = invoke_json("check", "--db", pg_url)
+    assert at_21["ok"] is True
+    assert "schema 30" in at_21["skipped"]["display triggers"]
+    assert "index messages_fts" in at_21["checked"]
+    invoke("upgrade", "--db", pg_url)
+    invoke("downgrade", "30", "--db", pg_url, "--yes")
+    invoke("downgrade", "fts@-1", "--db", pg_url, "--yes")
+    no_search = invoke_json("check", "--db", pg_url)
+    assert no_search["ok"] is True
+    assert "fts1" in no_search["skipped"]["search indexes"]
+    assert "trigger messages_display_order_insert" in no_search["checked"]
+    out = invoke("check", "--db", pg_url).stdout
+    assert "search indexes" in out
+
+
 def test_check_verifies_btree_indexes_with_amcheck_when_installed(pg_store: str) -> None:
     sql(pg_store, "CREATE EXTENSION IF NOT EXISTS amcheck")
     result = invoke_json("check", "--db", pg_store)
