@@ -33,6 +33,8 @@ DISPLAY_REVISION = "30"
 #: The extension whose bt_index_check verifies B-tree indexes, when installed.
 AMCHECK = "amcheck"
 AMCHECK_ITEM = "amcheck"
+#: The name PostgreSQL gives the copies of an index during REINDEX CONCURRENTLY.
+LEFTOVER_COPY = re.compile(r"_cc(new|old)\d*$")
 
 
 @dataclass(frozen=True)
@@ -372,9 +374,16 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
             result.repaired[name] = "built again from the fts1 revision's definition"
         for item, problem in problems.items():
             name = item.removeprefix("index ")
-            if item.startswith("index ") and name not in want.indexes:
-                auto.execute(text(f'REINDEX INDEX CONCURRENTLY "{name}"'))
-                result.repaired[name] = f"REINDEX INDEX CONCURRENTLY ({problem})"
+            if not item.startswith("index ") or name in want.indexes:
+                continue
+            if LEFTOVER_COPY.search(name):
+                # The new or old copy an interrupted REINDEX CONCURRENTLY left beside the
+                # index it rebuilt: PostgreSQL's advice is to drop it (the index is whole).
+                auto.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
+                result.repaired[name] = f"dropped, left by an interrupted reindex ({problem})"
+                continue
+            auto.execute(text(f'REINDEX INDEX CONCURRENTLY "{name}"'))
+            result.repaired[name] = f"REINDEX INDEX CONCURRENTLY ({problem})"
         for name, create in want.display_functions.items():
             item = f"trigger {name}"
             if item not in problems:

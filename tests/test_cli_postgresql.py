@@ -397,6 +397,26 @@ def test_check_repair_rebuilds_and_restores_from_the_revisions(pg_store: str) ->
     assert "nothing to repair" in again
 
 
+def test_check_repair_drops_what_an_interrupted_reindex_left(pg_store: str) -> None:
+    # REINDEX CONCURRENTLY builds idx_ccnew beside idx; killed, it leaves that copy invalid.
+    sql(pg_store, "CREATE INDEX idx_messages_session_ccnew ON messages (session_id, timestamp)")
+    sql(
+        pg_store,
+        "UPDATE pg_index SET indisvalid = false"
+        " WHERE indexrelid = 'idx_messages_session_ccnew'::regclass",
+    )
+    assert (
+        "index idx_messages_session_ccnew"
+        in invoke_json("check", "--db", pg_store, expect=1)["problems"]
+    )
+    repair = invoke_json("check", "--db", pg_store, "--repair")["repair"]
+    assert repair["repaired"]["idx_messages_session_ccnew"].startswith("dropped")
+    assert sql(pg_store, "SELECT to_regclass('idx_messages_session_ccnew')") == [(None,)]
+    assert sql(pg_store, "SELECT to_regclass('idx_messages_session')::text") == [
+        ("idx_messages_session",)
+    ]
+
+
 # --------------------------------------------------------------------------------------
 # search and demo
 # --------------------------------------------------------------------------------------
