@@ -34,7 +34,6 @@ from hermes_store.engine import (
     db_path,
     display_url,
     is_server,
-    require_sqlite,
     require_writable,
     resolve_url,
     sqlite_errors,
@@ -55,7 +54,8 @@ from hermes_store.storage import GROUPS, StorageReport, human_bytes, storage_rep
 F = TypeVar("F", bound=Callable[..., Any])
 
 DB_HELP = (
-    "Store file or SQLAlchemy URL. Default: $HERMES_STORE_URL, else $HERMES_HOME/state.db "
+    "Store file or SQLAlchemy URL (sqlite:///PATH, or postgresql+psycopg://USER@HOST/DB for "
+    "a PostgreSQL store). Default: $HERMES_STORE_URL, else $HERMES_HOME/state.db "
     "(HERMES_HOME defaults to ~/.hermes)."
 )
 
@@ -124,14 +124,11 @@ def server_url(db: str | None) -> str | None:
     return url if is_server(url) else None
 
 
-def refuse_on_server(db: str | None, what: str, why: str | None = None) -> None:
-    """Refuse, in one line, a command or option that means something on SQLite only."""
-    url = server_url(db)
-    if url is None:
-        return
-    if why is None:
-        require_sqlite(url, what)
-    raise NotOnThisDatabase(f"{what} works on SQLite stores only: {why}. Nothing was changed")
+def refuse_on_server(db: str | None, what: str, why: str) -> None:
+    """Refuse, in one line, a command or option that means something on SQLite only, saying
+    why and what to do on a server instead (engine.require_sqlite's words are generic)."""
+    if server_url(db) is not None:
+        raise NotOnThisDatabase(f"{what} works on SQLite stores only: {why}. Nothing was changed")
 
 
 def store_url(db: str | None, *, create_home: bool) -> tuple[str, Path | None]:
