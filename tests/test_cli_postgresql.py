@@ -560,6 +560,19 @@ def test_a_missing_database_is_one_line_without_the_password(pg_url: str) -> Non
         assert "s3cret" not in result.output
 
 
+def test_a_refused_login_is_one_line_without_the_password(pg_url: str) -> None:
+    # The test server trusts every login it knows; an unknown role is refused like a
+    # wrong password is, through the same path.
+    refused = (
+        make_url(pg_url)
+        .set(username="hermes_store_no_such_role", password="s3cret")
+        .render_as_string(hide_password=False)
+    )
+    result = invoke("stats", "--db", refused, expect=None)
+    assert_one_line_error(result, "hermes_store_no_such_role", "lets this user in")
+    assert "s3cret" not in result.output
+
+
 def test_a_dead_server_in_a_real_process() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "hermes_store.cli", "stats", "--db", DEAD],
