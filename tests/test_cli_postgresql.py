@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from hermes_store import corpus, migrate
-from hermes_store.bulk_copy import copy_rows
+from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.engine import create_store_engine
-from hermes_store.models import Message
 from hermes_store.storage import FTS_COPIES, FTS_INDEX, MESSAGE_DATA
 
 pytestmark = pytest.mark.postgresql
@@ -438,42 +434,6 @@ def test_demo_copies_into_postgresql_and_compares_searches(pg_url: str, tmp_path
     assert "copied into PostgreSQL" in out
     assert "DIFFERENT" not in out
     assert revision_of(pg_url) == [HEAD]
-
-
-def test_the_demo_copy_carries_every_row_into_postgresql(pg_url: str, tmp_path: Path) -> None:
-    source = tmp_path / "state.db"
-    migrate.upgrade(str(source), create=True)
-    data = corpus.generate(120, 3)
-    with closing(sqlite3.connect(source)) as conn:
-        corpus.populate(conn, data)
-        conn.commit()
-    migrate.upgrade(pg_url)
-    copied = copy_rows(str(source), pg_url)
-    assert (copied["sessions"], copied["messages"]) == (len(data.sessions), len(data.messages))
-    with closing(sqlite3.connect(source)) as conn:
-        expected = conn.execute(
-            "SELECT id, session_id, content FROM messages ORDER BY id"
-        ).fetchall()
-    engine = create_store_engine(pg_url)
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(Message.id, Message.session_id, Message.content).order_by(Message.id)
-        ).all()
-        layout = conn.execute(
-            text("SELECT value FROM state_meta WHERE key = 'hermes_store.fts_layout'")
-        ).scalar()
-    engine.dispose()
-    assert [tuple(row) for row in rows] == expected  # NUL-prefixed multimodal text included
-    assert any("\x00" in (content or "") for _id, _session, content in expected)
-    assert layout == "expression"
-    assert invoke_json("stats", "--db", pg_url)["messages"] == len(data.messages)
-    # The sequence follows the copied ids: the next message gets a new one.
-    next_id = sql(
-        pg_url,
-        "INSERT INTO messages (session_id, role, content, timestamp)"
-        f" VALUES ('{rows[0][1]}', 'user', 'after the copy', 1) RETURNING id",
-    )[0][0]
-    assert next_id > max(row[0] for row in rows)
 
 
 def test_demo_refuses_a_database_that_is_not_empty(pg_store: str, tmp_path: Path) -> None:
