@@ -25,10 +25,6 @@ pytestmark = pytest.mark.postgresql
 
 HEAD = migrate.head_revision()
 SEARCH_INDEXES = ("messages_fts", "messages_fts_trigram")
-SEARCH_PENDING = (
-    "the PostgreSQL search (hermes_store/search/ package, branch search-pg) has not landed "
-    "on main yet"
-)
 
 
 def invoke(*args: str | Path, expect: int | None = 0, env: dict[str, str] | None = None) -> Result:
@@ -418,7 +414,6 @@ def test_check_repair_drops_what_an_interrupted_reindex_left(pg_store: str) -> N
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(reason=SEARCH_PENDING, strict=False)
 def test_search_finds_messages_on_postgresql(pg_store: str) -> None:
     hits = invoke_json("search", "--db", pg_store, "docker", "--source", "telegram")
     assert len(hits) == 4
@@ -428,7 +423,6 @@ def test_search_finds_messages_on_postgresql(pg_store: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason=SEARCH_PENDING, strict=False)
 def test_demo_copies_into_postgresql_and_compares_searches(pg_url: str, tmp_path: Path) -> None:
     out = invoke("demo", "--messages", "300", "--dir", tmp_path, "--db", pg_url).stdout
     assert "copied into PostgreSQL" in out
