@@ -23,32 +23,39 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.text import Text
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store import backfill, fts, migrate
+from hermes_store import backfill, fts, migrate, server
 from hermes_store import corpus as corpus_mod
+from hermes_store.copy import copy_store
 from hermes_store.engine import (
     create_store_engine,
     db_path,
+    display_url,
+    is_server,
     require_writable,
     resolve_url,
     sqlite_errors,
     translate_error,
 )
-from hermes_store.errors import StoreError, StoreNotFound
+from hermes_store.errors import NotOnThisDatabase, StoreError, StoreNotFound
 from hermes_store.fts import CheckResult
 from hermes_store.maintenance import RepairResult, check_store, repair, store_stats
 from hermes_store.maintenance import optimize as optimize_store
 from hermes_store.output import console, emit_json, emit_records, format_options, say
 from hermes_store.revisions import script_directory
 from hermes_store.search import search_messages
+from hermes_store.server_check import check_server, repair_server, search_index_states
+from hermes_store.server_maintenance import optimize_server, server_stats
+from hermes_store.server_storage import ServerStorageReport, server_storage_report
 from hermes_store.storage import GROUPS, StorageReport, human_bytes, storage_report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 DB_HELP = (
-    "Store file or SQLAlchemy URL. Default: $HERMES_STORE_URL, else $HERMES_HOME/state.db "
+    "Store file or SQLAlchemy URL (sqlite:///PATH, or postgresql+psycopg://USER@HOST/DB for "
+    "a PostgreSQL store). Default: $HERMES_STORE_URL, else $HERMES_HOME/state.db "
     "(HERMES_HOME defaults to ~/.hermes)."
 )
 
@@ -94,12 +101,34 @@ def operator_errors() -> Iterator[None]:
                 f"{exc.strerror or exc}: {exc.filename or ''}".strip()
             ) from None
         detail = str(getattr(exc, "orig", exc))
+        if _from_server(exc):
+            lines = detail.strip().splitlines() or [type(exc).__name__]
+            raise click.ClickException(f"PostgreSQL error: {lines[0]}") from None
         if "not a database" in detail or "malformed" in detail:
             raise click.ClickException(
                 f"SQLite cannot read the store ({detail}); run `hermes-store check` or restore "
                 "a backup"
             ) from None
         raise click.ClickException(f"SQLite error: {detail}") from None
+
+
+def _from_server(exc: BaseException) -> bool:
+    """Whether a driver error came from PostgreSQL (psycopg), not SQLite."""
+    original = getattr(exc, "orig", exc)
+    return type(original).__module__.split(".")[0] == "psycopg"
+
+
+def server_url(db: str | None) -> str | None:
+    """The resolved URL when --db (or $HERMES_STORE_URL) names a PostgreSQL store, else None."""
+    url = resolve_url(db, create_home=False)
+    return url if is_server(url) else None
+
+
+def refuse_on_server(db: str | None, what: str, why: str) -> None:
+    """Refuse, in one line, a command or option that means something on SQLite only, saying
+    why and what to do on a server instead (engine.require_sqlite's words are generic)."""
+    if server_url(db) is not None:
+        raise NotOnThisDatabase(f"{what} works on SQLite stores only: {why}. Nothing was changed")
 
 
 def store_url(db: str | None, *, create_home: bool) -> tuple[str, Path | None]:
@@ -130,6 +159,8 @@ def backup_options(func: F) -> F:
 def open_existing(db: str | None) -> Engine:
     """An engine on an existing store, checked read-only first; never creates a file."""
     url, path = store_url(db, create_home=False)
+    if is_server(url):
+        return _open_server(url)
     if path is not None and not path.exists():
         raise StoreNotFound(
             f"{path}: no such store; nothing was created. Check --db / HERMES_STORE_URL, or "
@@ -142,6 +173,24 @@ def open_existing(db: str | None) -> Engine:
             "`hermes-store upgrade`"
         )
     return create_store_engine(url, create=False, wal=False)
+
+
+def _open_server(url: str) -> Engine:
+    """An engine on a PostgreSQL database that holds a store (never creates anything)."""
+    engine = create_store_engine(url, create=False)
+    try:
+        with engine.connect() as conn:
+            revisions, version, _layout = server.facts(conn)
+    except BaseException:
+        engine.dispose()
+        raise
+    if not revisions and version is None:
+        engine.dispose()
+        raise StoreNotFound(
+            f"{display_url(url)}: the database holds no Hermes store; make it one with "
+            "`hermes-store upgrade --db URL`"
+        )
+    return engine
 
 
 _emit = emit_json
@@ -249,6 +298,7 @@ def upgrade(
       hermes-store upgrade --db ~/.hermes/state.db --backup ~/state-before.db
       hermes-store upgrade --db ~/.hermes/state.db --app-version 21   # agent still at 21
       hermes-store upgrade --db /srv/hermes/new.db --create
+      hermes-store upgrade --db postgresql+psycopg://hermes@db.internal/hermes
     """
     if overwrite_backup and backup_to is None:
         raise click.UsageError("--overwrite-backup only goes with --backup PATH")
@@ -262,6 +312,7 @@ def upgrade(
         x["fts_backfill"] = "deferred"
     with operator_errors(), _interrupted_upgrade(db):
         store_url(db, create_home=False)
+        _refuse_sqlite_upgrade_options(db, backup_to, rebuild_fts, deferred_fts)
         started = time.perf_counter()
         result = migrate.upgrade(
             db,
@@ -321,6 +372,23 @@ def upgrade(
             )
 
 
+def _refuse_sqlite_upgrade_options(
+    db: str | None, backup_to: Path | None, rebuild_fts: bool, deferred_fts: bool
+) -> None:
+    """On PostgreSQL: --backup copies a file, and there is no FTS5 index to convert."""
+    if backup_to is not None:
+        refuse_on_server(
+            db, "--backup", "it copies the SQLite file; on PostgreSQL back up with pg_dump first"
+        )
+    if rebuild_fts or deferred_fts:
+        refuse_on_server(
+            db,
+            "--rebuild-fts / --deferred-fts",
+            "on PostgreSQL the search indexes are expression indexes the upgrade builds "
+            "itself, without blocking writes",
+        )
+
+
 def _names(revisions: str | Iterable[str] | None) -> str:
     if revisions is None:
         return ""
@@ -335,8 +403,10 @@ def _interrupted_upgrade(db: str | None) -> Iterator[None]:
     except KeyboardInterrupt:
         where = "its previous revision"
         with contextlib.suppress(Exception):
-            _url, path = store_url(db, create_home=False)
-            if path is not None and path.exists():
+            url, path = store_url(db, create_home=False)
+            if is_server(url):
+                where = _server_revision(url)
+            elif path is not None and path.exists():
                 state = migrate.inspect_file(path)
                 where = (
                     f"revision {state.revision}"
@@ -352,6 +422,17 @@ def _interrupted_upgrade(db: str | None) -> Iterator[None]:
             err=True,
         )
         sys.exit(130)
+
+
+def _server_revision(url: str) -> str:
+    """Where an interrupted upgrade left a PostgreSQL store, for the operator."""
+    engine = create_store_engine(url, create=False)
+    try:
+        with engine.connect() as conn:
+            revisions, _version, _layout = server.facts(conn)
+    finally:
+        engine.dispose()
+    return f"revision {', '.join(revisions)}" if revisions else "nothing (an empty database)"
 
 
 @main.command()
@@ -391,14 +472,20 @@ def downgrade(
     if delete_data and not yes:
         raise click.UsageError("--i-know-this-deletes-data only counts together with --yes")
     with operator_errors():
+        if backup_to is not None:
+            refuse_on_server(
+                db, "--backup", "it copies the SQLite file; on PostgreSQL back up with pg_dump"
+            )
         engine = open_existing(db)
         with engine.connect() as conn:
             before = migrate.current_revision(conn)
         engine.dispose()
-        _url, path = store_url(db, create_home=False)
+        url, path = store_url(db, create_home=False)
         if not yes:
             click.confirm(
-                f"Downgrade {path} from {before or '(unversioned)'} to {revision}?", abort=True
+                f"Downgrade {path or display_url(url)} from {before or '(unversioned)'} to "
+                f"{revision}?",
+                abort=True,
             )
         with _interrupted_upgrade(db):
             start, end = migrate.downgrade(
@@ -432,6 +519,12 @@ def stamp(revision: str, db: str | None, as_json: bool) -> None:
       hermes-store stamp head --db restored-copy.db
     """
     with operator_errors():
+        refuse_on_server(
+            db,
+            "stamp",
+            "it checks a SQLite store's schema before recording a revision; a PostgreSQL "
+            "database is only ever at a revision its upgrade ran",
+        )
         open_existing(db).dispose()
         start, end = migrate.stamp(db, revision)
     if as_json:
@@ -518,6 +611,8 @@ def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
 
 
 def _current(engine: Engine) -> dict[str, Any]:
+    if is_server(str(engine.url)):
+        return _current_on_server(engine)
     with engine.connect() as conn:
         revision = migrate.current_revision(conn)
         legacy = conn.exec_driver_sql("SELECT version FROM schema_version").scalar()
@@ -529,6 +624,25 @@ def _current(engine: Engine) -> dict[str, Any]:
             "fts_indexes": {name: fts.index_layout(conn, name) for name in fts.INDEXES},
             "backfill": backfill_status(conn),
         }
+
+
+def _current_on_server(engine: Engine) -> dict[str, Any]:
+    """`current` on PostgreSQL: the same fields, and each search index's state."""
+    with engine.connect() as conn:
+        revisions, version, layout = server.facts(conn)
+        states = search_index_states(conn)
+    return {
+        "database": display_url(engine.url.render_as_string(hide_password=False)),
+        "revision": ", ".join(revisions) or None,
+        "legacy_schema": version,
+        "head": migrate.head_revision(),
+        "fts_layout": layout,
+        "fts_indexes": {
+            name: layout if state != "missing" else "missing" for name, state in states.items()
+        },
+        "search_indexes": states,
+        "backfill": {},
+    }
 
 
 @main.command()
@@ -551,6 +665,8 @@ def current(db: str | None, fmt: str) -> None:
         "search_layout": info["fts_layout"],
     }
     records = [{"field": key, "value": value} for key, value in record.items()]
+    for index, state in info.get("search_indexes", {}).items():
+        records.append({"field": f"search index {index}", "value": state})
     for index, status in info["backfill"].items():
         records.append(
             {
@@ -576,6 +692,12 @@ def stats(db: str | None, fmt: str) -> None:
     """
     with operator_errors():
         engine = open_existing(db)
+        if is_server(str(engine.url)):
+            with engine.connect() as conn:
+                on_server = server_stats(conn)
+            engine.dispose()
+            _print_server_stats(on_server.as_dict(), fmt)
+            return
         with engine.connect() as conn:
             result = store_stats(conn, db_path(str(engine.url)))
     records: list[dict[str, Any]] = [
@@ -592,6 +714,22 @@ def stats(db: str | None, fmt: str) -> None:
         records[-2]["count"] = human_bytes(result.file_bytes)
         records[-1]["count"] = human_bytes(result.wal_bytes)
     emit_records(fmt, records, ["what", "count"], document=result.as_dict(), right=["count"])
+
+
+def _print_server_stats(result: dict[str, Any], fmt: str) -> None:
+    """`stats` of a PostgreSQL store: the same counts, and the database's size."""
+    records: list[dict[str, Any]] = [
+        {"what": "sessions", "count": result["sessions"]},
+        {"what": "messages", "count": result["messages"]},
+        *(
+            {"what": f"sessions from {source}", "count": count}
+            for source, count in result["sessions_by_source"].items()
+        ),
+        {"what": "database bytes", "count": result["database_bytes"]},
+    ]
+    if fmt == "text":
+        records[-1]["count"] = human_bytes(result["database_bytes"])
+    emit_records(fmt, records, ["what", "count"], document=result, right=["count"])
 
 
 def render_storage(report: StorageReport) -> None:
@@ -626,6 +764,56 @@ def render_storage(report: StorageReport) -> None:
     )
 
 
+def _print_server_storage(report: ServerStorageReport, fmt: str) -> None:
+    """The storage report of a PostgreSQL store: groups, the text stored once, objects."""
+    if fmt == "json":
+        _emit(report.as_dict())
+        return
+    by_size = sorted(report.objects.items(), key=lambda item: (-item[1], item[0]))
+    if fmt in ("nl", "csv"):
+        records = [
+            {"object": name, "kind": report.kinds[name], "bytes": size} for name, size in by_size
+        ]
+        emit_records(fmt, records, ["object", "kind", "bytes"])
+        return
+    total = report.total_bytes or 1
+    rows: list[dict[str, Any]] = [
+        {"group": group, "size": human_bytes(size), "share": f"{size / total:.1%}"}
+        for group in GROUPS
+        for size in [report.groups.get(group, 0)]
+    ]
+    rows.append({"group": "tables and indexes", "size": human_bytes(report.total_bytes)})
+    rows.append({"group": "database", "size": human_bytes(report.database_bytes)})
+    emit_records(
+        "text",
+        rows,
+        ["group", "size", "share"],
+        title=f"layout: {report.layout} (PostgreSQL database {report.database})",
+        right=["size", "share"],
+    )
+    if report.text_stored_once:
+        say(
+            "message text stored once, in messages: no tsvector column, no copy table; "
+            "search uses expression indexes over it"
+        )
+    else:
+        found = [f"tsvector column {name}" for name in report.tsvector_columns]
+        found += [f"table {name}" for name in report.other_tables]
+        say(f"not only the store's tables here: {', '.join(found)}")
+    for name in fts.INDEXES:
+        size = report.search_indexes.get(name)
+        say(f"search index {name}: {'missing' if size is None else human_bytes(size)}")
+    emit_records(
+        "text",
+        [
+            {"object": name, "kind": report.kinds[name], "size": human_bytes(size)}
+            for name, size in by_size[:15]
+        ],
+        ["object", "kind", "size"],
+        right=["size"],
+    )
+
+
 @main.command()
 @db_option
 @format_options
@@ -635,13 +823,22 @@ def storage(db: str | None, fmt: str) -> None:
     Groups: message data, FTS index data, redundant FTS text copies (the inline
     `*_content` tables the upgrade removes), other. For an inline store it says how much
     the upgrade would reclaim. --nl and --csv give one record per table or index.
+    On PostgreSQL: each table's bytes (heap and TOAST) and index's, the same groups, and
+    whether the message text is stored once (no tsvector column, no copy table).
 
     \b
-    Example:
+    Examples:
       hermes-store storage --db state.db
+      hermes-store storage --db postgresql+psycopg://hermes@db/hermes --json
     """
     with operator_errors():
         engine = open_existing(db)
+        if is_server(str(engine.url)):
+            with engine.connect() as conn:
+                on_server = server_storage_report(conn)
+            engine.dispose()
+            _print_server_storage(on_server, fmt)
+            return
         with engine.connect() as conn:
             report = storage_report(conn)
             waiting = backfill_status(conn)
@@ -679,17 +876,33 @@ def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None
     the file system in steps when the store uses incremental auto-vacuum (a store that does
     not is told how much only `--vacuum` returns). `--vacuum` runs VACUUM, which holds the
     write lock throughout and needs about the file's size free in the store's directory and
-    in the temp directory (refused otherwise).
+    in the temp directory (refused otherwise). On PostgreSQL: VACUUM (ANALYZE) of each of
+    the store's tables, which never locks out the agent.
 
     \b
     Examples:
       hermes-store optimize --db state.db
       hermes-store optimize --db state.db --vacuum     # with the agent stopped
+      hermes-store optimize --db postgresql+psycopg://hermes@db/hermes --json
     """
     if full and no_vacuum:
         raise click.UsageError("--vacuum and --no-vacuum contradict each other: pick one")
     with operator_errors():
+        if full or no_vacuum:
+            refuse_on_server(
+                db,
+                "--vacuum / --no-vacuum",
+                "on PostgreSQL optimize runs VACUUM (ANALYZE) and nothing else (VACUUM FULL, "
+                "which locks out the agent, is the server's own tool)",
+            )
         engine = open_existing(db)
+        if is_server(str(engine.url)):
+            try:
+                on_server = optimize_server(engine)
+            finally:
+                engine.dispose()
+            _print_server_optimize(on_server.as_dict(), as_json)
+            return
         try:
             result = optimize_store(
                 engine,
@@ -720,6 +933,18 @@ def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None
                 "the WAL was not truncated: a reader stayed open (the agent, a search, a "
                 "backup); its size is counted above and it shrinks at a later checkpoint"
             )
+
+
+def _print_server_optimize(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _emit(result)
+        return
+    say(
+        f"VACUUM (ANALYZE) of {len(result['tables'])} tables: "
+        f"{human_bytes(result['bytes_before'])} -> {human_bytes(result['bytes_after'])} "
+        f"(reclaimed {human_bytes(result['reclaimed'])}); dead rows made reusable and the "
+        "planner's statistics refreshed"
+    )
 
 
 @main.command("optimize-storage")
@@ -762,6 +987,12 @@ def optimize_storage(
     """
     show = _interactive() and not as_json
     with operator_errors():
+        refuse_on_server(
+            db,
+            "optimize-storage",
+            "it finishes a deferred FTS5 index build; on PostgreSQL the upgrade builds the "
+            "search indexes itself",
+        )
         engine = open_existing(db)
         with engine.connect() as conn:
             if not backfill_status(conn):
@@ -830,7 +1061,11 @@ def _backfill_bar(show: bool) -> Iterator[Callable[[backfill.BackfillProgress], 
 
 @main.command()
 @db_option
-@click.option("--quick", is_flag=True, help="PRAGMA quick_check instead of integrity_check.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="PRAGMA quick_check instead of integrity_check (PostgreSQL: no amcheck pass).",
+)
 @click.option(
     "--repair",
     "repair_",
@@ -870,16 +1105,40 @@ def check(
     whose check fails is rebuilt from what it indexes, and the checks run again: exit 0
     only when they pass. Damage that PRAGMA integrity_check reports is not repaired.
 
+    On PostgreSQL: every index of the store valid and ready, the search extensions,
+    functions and indexes exactly as the fts1 revision creates them, the display triggers,
+    and each B-tree index verified by amcheck when the extension is installed (--quick:
+    not). --repair rebuilds an invalid index (REINDEX INDEX CONCURRENTLY) and re-creates a
+    missing or different search object from its revision, without blocking writes.
+
     \b
     Example:
       hermes-store check --db state.db
       hermes-store check --db state.db --repair --backup /safe/state-before-repair.db
+      hermes-store check --db postgresql+psycopg://hermes@db/hermes --repair
     """
     if (backup_to is not None or deferred) and not repair_:
         raise click.UsageError("--backup and --deferred only go with --repair")
     with operator_errors():
+        if backup_to is not None or deferred:
+            refuse_on_server(
+                db,
+                "--backup / --deferred",
+                "on PostgreSQL back up with pg_dump, and a repair rebuilds indexes "
+                "CONCURRENTLY, without blocking writes",
+            )
         engine = open_existing(db)
-        if repair_:
+        if is_server(str(engine.url)):
+            try:
+                if repair_:
+                    repaired = repair_server(engine, quick=quick)
+                    result = repaired.after
+                else:
+                    with engine.connect() as conn:
+                        result = check_server(conn, quick=quick)
+            finally:
+                engine.dispose()
+        elif repair_:
             try:
                 with _backfill_bar(_interactive() and fmt == "text") as bar:
                     repaired = repair(
@@ -1094,22 +1353,116 @@ DEMO_QUERIES = ("error", "import json", "TODO: fix", "def*", "terminal OR docker
     help="Where to write demo.db (default: a new temporary directory).",
 )
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
-def demo(n_messages: int, directory: Path | None, seed: int) -> None:
+@click.option(
+    "--db",
+    "db",
+    metavar="URL",
+    default=None,
+    help="Also copy the upgraded store into this empty PostgreSQL database "
+    "(postgresql+psycopg://...) and compare the searches on both.",
+)
+def demo(n_messages: int, directory: Path | None, seed: int, db: str | None) -> None:
     """Build a realistic legacy store, upgrade it, optimize it and compare search results.
 
     Generates a schema-30 store in the legacy inline layout (never under Alembic), runs
     the real upgrade (adoption, then in-place conversion), `optimize`, and prints the
-    storage report before and after and a few searches answered identically.
+    storage report before and after and a few searches answered identically. With --db
+    URL (an empty PostgreSQL database) the upgraded store is then copied into it at head,
+    its storage report shown, and the same searches compared on both databases.
 
     \b
-    Example:
+    Examples:
       hermes-store demo --messages 20000 --dir /tmp/hermes-demo
+      hermes-store demo --db postgresql+psycopg://hermes@localhost/hermes_demo
     """
     with operator_errors():
-        run_demo(n_messages, directory, seed)
+        target = _demo_target(db)
+        path = run_demo(n_messages, directory, seed)
+        if target is not None:
+            run_demo_on_server(path, target)
 
 
-def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
+def _demo_target(db: str | None) -> str | None:
+    """The PostgreSQL database the demo copies into: given explicitly, and empty."""
+    if db is None:
+        return None
+    url = server_url(db)
+    if url is None:
+        raise NotOnThisDatabase(
+            "demo --db takes a PostgreSQL URL (postgresql+psycopg://...); the SQLite demo "
+            "store is written to --dir"
+        )
+    engine = create_store_engine(url, create=False)
+    try:
+        with engine.connect() as conn:
+            tables = sorted(inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+    if tables:
+        raise StoreError(
+            f"{display_url(url)} already holds tables ({', '.join(tables[:5])}"
+            f"{', ...' if len(tables) > 5 else ''}); the demo writes into an empty database "
+            "only. Nothing was changed"
+        )
+    return url
+
+
+def run_demo_on_server(path: Path, url: str) -> None:
+    """The demo's PostgreSQL part: copy the store into the empty database, compare."""
+    step = _progress(_interactive())
+    step(f"copying the upgraded store into {display_url(url)} (hermes-store copy)")
+    # The demo compares the searches itself, on every demo query: no sample-search check.
+    copied = copy_store(str(path), url, verify=False).rows
+    engine = create_store_engine(url, create=False)
+    try:
+        optimize_server(engine)  # the planner's statistics, as an operator would
+        with engine.connect() as conn:
+            report = server_storage_report(conn)
+        say(
+            f"\n== copied into PostgreSQL ({display_url(url)}): {copied.get('sessions', 0)} "
+            f"sessions, {copied.get('messages', 0)} messages",
+            style="bold",
+        )
+        _print_server_storage(report, "text")
+        with engine.connect() as conn:
+            server_hits = {q: _demo_search(conn, q) for q in DEMO_QUERIES}
+    finally:
+        engine.dispose()
+    sqlite_engine = create_store_engine(str(path), create=False)
+    try:
+        with sqlite_engine.connect() as conn:
+            sqlite_hits = {q: _demo_search(conn, q) for q in DEMO_QUERIES}
+    finally:
+        sqlite_engine.dispose()
+    records = [
+        {
+            "query": query,
+            "sqlite": len(sqlite_hits[query]),
+            "postgresql": len(server_hits[query]),
+            "result": "same messages" if sqlite_hits[query] == server_hits[query] else "DIFFERENT",
+        }
+        for query in DEMO_QUERIES
+    ]
+    emit_records(
+        "text",
+        records,
+        ["query", "sqlite", "postgresql", "result"],
+        title="\n== the same searches on SQLite and PostgreSQL (newest 50 hits)",
+        right=["sqlite", "postgresql"],
+    )
+    different = [record["query"] for record in records if record["result"] != "same messages"]
+    if different:
+        raise click.ClickException(
+            f"PostgreSQL finds other messages than SQLite for {', '.join(map(repr, different))}"
+        )
+
+
+def _demo_search(conn: Connection, query: str) -> list[int]:
+    """The ids of a query's newest 50 hits (rank order may differ between databases)."""
+    return [hit["id"] for hit in search_messages(conn, query, limit=50, sort="newest")]
+
+
+def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
     """The demo's steps (see `demo`)."""
     step = _progress(_interactive())
     directory = directory or Path(tempfile.mkdtemp(prefix="hermes-demo-"))
@@ -1173,6 +1526,7 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> None:
     for record in records:
         if record["result"] != "identical":
             raise click.ClickException(f"search results differ for {record['query']!r}")
+    return path
 
 
 # --------------------------------------------------------------------------------------

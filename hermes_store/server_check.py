@@ -1,0 +1,422 @@
+"""Checking and repairing a PostgreSQL store: its indexes and its search mechanism.
+
+The counterpart of the SQLite checks (PRAGMA integrity_check, FTS5 integrity-check) for a
+server, which keeps its own pages consistent: every index of the store valid and ready
+(a `CREATE INDEX CONCURRENTLY` or `REINDEX CONCURRENTLY` that was interrupted leaves an
+invalid one that the planner ignores), the search extensions and functions present with
+the definitions the fts1 revision creates, both search indexes present over exactly its
+expression, the display triggers of revision 30 in place, and, when the server has the
+`amcheck` extension installed, each B-tree index verified against its table's order.
+
+The expected objects are read from the revisions themselves (never restated here), so
+the check cannot drift from what an upgrade builds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
+
+from hermes_store.fts import INDEXES, CheckResult
+from hermes_store.maintenance import RepairResult
+from hermes_store.revisions import FTS_EXTERNAL_REVISION, fts_conversion, script_directory
+from hermes_store.server import facts
+from hermes_store.server_maintenance import store_tables
+
+#: The revision that creates the display triggers (on PostgreSQL, a function each).
+DISPLAY_REVISION = "30"
+#: The extension whose bt_index_check verifies B-tree indexes, when installed.
+AMCHECK = "amcheck"
+AMCHECK_ITEM = "amcheck"
+#: The name PostgreSQL gives the copies of an index during REINDEX CONCURRENTLY.
+LEFTOVER_COPY = re.compile(r"_cc(new|old)\d*$")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The search and display objects the revisions create on PostgreSQL."""
+
+    extensions: tuple[str, ...]
+    #: "name(args)" -> CREATE FUNCTION DDL, with {schema} for unaccent's schema.
+    functions: Mapping[str, str]
+    #: index name -> CREATE INDEX DDL.
+    indexes: Mapping[str, str]
+    #: trigger (and its function's) name -> CREATE FUNCTION DDL.
+    display_functions: Mapping[str, str]
+    #: trigger name -> CREATE TRIGGER DDL.
+    display_triggers: Mapping[str, str]
+    layout: str
+
+
+def _display_revision() -> ModuleType:
+    script = script_directory().get_revision(DISPLAY_REVISION)
+    assert script is not None
+    return script.module
+
+
+def expected() -> Expected:
+    """What the fts1 and 30 revisions create on PostgreSQL."""
+    fts1 = fts_conversion()
+    display = _display_revision()
+    return Expected(
+        extensions=tuple(fts1.POSTGRESQL_EXTENSIONS),
+        functions=fts1.POSTGRESQL_FUNCTIONS,
+        indexes=fts1.POSTGRESQL_INDEXES,
+        display_functions=display.POSTGRESQL_DISPLAY_FUNCTIONS,
+        display_triggers=display.POSTGRESQL_DISPLAY_TRIGGERS,
+        layout=str(fts1.LAYOUT_POSTGRESQL),
+    )
+
+
+def _normal(sql: str) -> str:
+    return " ".join(sql.split())
+
+
+def ddl(revision_sql: str, schema: str = "") -> str:
+    """A revision's DDL as the server is sent it: `{schema}` filled in, `\\:` unescaped
+    (Alembic's op.execute runs it as a text() construct)."""
+    return revision_sql.format(schema=schema).replace("\\:", ":")
+
+
+def function_body(create_sql: str) -> str:
+    """The body of a CREATE FUNCTION ... AS $$ body $$ (what pg_proc.prosrc holds)."""
+    first, last = create_sql.index("$$"), create_sql.rindex("$$")
+    return _normal(create_sql[first + 2 : last])
+
+
+def index_expression(create_sql: str, schema: str) -> str:
+    """A CREATE INDEX statement reduced to what it builds: no CONCURRENTLY / IF NOT EXISTS,
+    no schema before the table name (pg_get_indexdef names it)."""
+    sql = _normal(create_sql)
+    sql = sql.replace(" CONCURRENTLY", "").replace(" IF NOT EXISTS", "")
+    return re.sub(rf" ON {re.escape(schema)}\.", " ON ", sql)
+
+
+def _schema_of_extension(conn: Connection, name: str) -> str | None:
+    found = conn.execute(
+        text("SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = :n"),
+        {"n": name},
+    ).scalar()
+    return None if found is None else str(found)
+
+
+def _function_sources(conn: Connection) -> dict[str, tuple[str, str]]:
+    """ "name(args)" -> (prosrc, provolatile) of each function in the current schema."""
+    rows = conn.execute(
+        text(
+            "SELECT p.oid::regprocedure::text, p.prosrc, p.provolatile FROM pg_proc p"
+            " WHERE p.pronamespace = current_schema()::regnamespace"
+        )
+    )
+    return {str(sig): (str(src), str(vol)) for sig, src, vol in rows}
+
+
+def _indexes(conn: Connection, tables: list[str]) -> dict[str, tuple[str, bool, bool, str]]:
+    """index name -> (definition, valid, ready, access method) of the tables' indexes."""
+    rows = conn.execute(
+        text(
+            "SELECT i.relname, pg_get_indexdef(x.indexrelid), x.indisvalid, x.indisready,"
+            " am.amname"
+            " FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid"
+            " JOIN pg_class t ON t.oid = x.indrelid JOIN pg_am am ON am.oid = i.relam"
+            " WHERE t.relnamespace = current_schema()::regnamespace"
+            " AND t.relname = ANY(:tables) ORDER BY i.relname"
+        ),
+        {"tables": tables},
+    )
+    return {str(n): (str(d), bool(v), bool(r), str(am)) for n, d, v, r, am in rows}
+
+
+def _triggers(conn: Connection) -> dict[str, tuple[str, str]]:
+    """trigger name -> (enabled flag, function) of the triggers on messages."""
+    rows = conn.execute(
+        text(
+            "SELECT tgname, tgenabled, tgfoid::regproc::text FROM pg_trigger"
+            " WHERE tgrelid = 'messages'::regclass AND NOT tgisinternal"
+        )
+    )
+    return {str(name): (str(enabled), str(function)) for name, enabled, function in rows}
+
+
+def _signature(name: str) -> str:
+    """ "hermes_search_document(text, text, text)" as regprocedure prints it (no spaces)."""
+    return name.replace(" ", "")
+
+
+def search_index_states(conn: Connection) -> dict[str, str]:
+    """Each search index: "valid", "invalid" (an interrupted concurrent build) or "missing"."""
+    rows = conn.execute(
+        text(
+            "SELECT i.relname, x.indisvalid AND x.indisready FROM pg_index x"
+            " JOIN pg_class i ON i.oid = x.indexrelid"
+            " WHERE i.relnamespace = current_schema()::regnamespace AND i.relname = ANY(:names)"
+        ),
+        {"names": list(INDEXES)},
+    )
+    found = {str(name): bool(valid) for name, valid in rows}
+    if conn.in_transaction():
+        conn.rollback()
+    return {
+        name: "missing" if name not in found else "valid" if found[name] else "invalid"
+        for name in INDEXES
+    }
+
+
+def applied_revisions(conn: Connection) -> set[str]:
+    """Every revision the store has run: its heads in alembic_version and their ancestors."""
+    heads, _version, _layout = facts(conn)
+    if not heads:
+        return set()
+    return {script.revision for script in script_directory().iterate_revisions(heads, "base")}
+
+
+class _Report:
+    """Collects checks into a CheckResult: each item checked, with its problem if any."""
+
+    def __init__(self) -> None:
+        self.result = CheckResult(fts_checked_on="server")
+
+    def __call__(self, item: str, problem: str | None) -> None:
+        self.result.checked.append(item)
+        if problem:
+            self.result.problems[item] = problem
+
+
+def check_server(conn: Connection, *, quick: bool = False) -> CheckResult:
+    """Check a PostgreSQL store's indexes and search mechanism (read-only).
+
+    Items are named like the SQLite check's ("index messages_fts", "function
+    hermes_search_words(text)", "trigger messages_display_order_insert"). The search
+    objects are expected once the store has run fts1, the display triggers once it has
+    run 30; before, they are listed as not checked. ``quick`` skips the amcheck
+    verification of B-tree indexes, the one check that reads them whole.
+    """
+    want = expected()
+    report = _Report()
+    applied = applied_revisions(conn)
+    tables = store_tables(conn)
+    schema = str(conn.execute(text("SELECT current_schema()")).scalar_one())
+    sources = _function_sources(conn)
+    indexes = _indexes(conn, tables)
+    if FTS_EXTERNAL_REVISION in applied:
+        _check_search(conn, want, report, sources, indexes, schema)
+    else:
+        report.result.skipped["search indexes"] = (
+            f"the store has not run revision {FTS_EXTERNAL_REVISION}, which creates them: "
+            "run `hermes-store upgrade`"
+        )
+    for name, (_definition, valid, ready, _am) in indexes.items():
+        if name not in want.indexes:
+            report(f"index {name}", _validity(valid, ready))
+    if DISPLAY_REVISION in applied:
+        _check_display(conn, want, report, sources)
+    else:
+        report.result.skipped["display triggers"] = (
+            f"the store is below application schema {DISPLAY_REVISION}, which creates them"
+        )
+    _check_btrees(conn, report, indexes, quick=quick)
+    if conn.in_transaction():
+        conn.rollback()
+    return report.result
+
+
+def _check_search(
+    conn: Connection,
+    want: Expected,
+    report: _Report,
+    sources: Mapping[str, tuple[str, str]],
+    indexes: Mapping[str, tuple[str, bool, bool, str]],
+    schema: str,
+) -> None:
+    """The layout marker, extensions, functions and indexes of revision fts1."""
+    _revisions, _version, layout = facts(conn)
+    report(
+        "search layout",
+        None
+        if layout == want.layout
+        else f"state_meta says {layout!r}, the upgrade records {want.layout!r}",
+    )
+    unaccent = None
+    for extension in want.extensions:
+        where = _schema_of_extension(conn, extension)
+        if extension == "unaccent":
+            unaccent = where
+        report(
+            f"extension {extension}",
+            None if where else "not installed in this database (the search functions need it)",
+        )
+    for signature, create in want.functions.items():
+        found = sources.get(_signature(signature))
+        problem: str | None = None
+        if found is None:
+            problem = "missing"
+        elif unaccent is None and "{schema}" in create:
+            problem = None  # cannot be compared without unaccent, reported above
+        elif _normal(found[0]) != function_body(ddl(create, unaccent or "")):
+            problem = "its definition differs from the one the fts1 revision creates"
+        elif found[1] != "i":
+            problem = "not IMMUTABLE: an index expression cannot use it"
+        report(f"function {signature}", problem)
+    for name, create in want.indexes.items():
+        found_index = indexes.get(name)
+        if found_index is None:
+            problem = "missing: search falls back to reading every message"
+        elif index_expression(found_index[0], schema) != index_expression(ddl(create), schema):
+            problem = (
+                f"not over the search expression of the fts1 revision ({_normal(found_index[0])})"
+            )
+        else:
+            problem = _validity(found_index[1], found_index[2])
+        report(f"index {name}", problem)
+
+
+def _check_display(
+    conn: Connection, want: Expected, report: _Report, sources: Mapping[str, tuple[str, str]]
+) -> None:
+    """The display triggers of revision 30, each with its function."""
+    triggers = _triggers(conn)
+    for name, create in want.display_functions.items():
+        body = sources.get(f"{name}()")
+        trigger = triggers.get(name)
+        problem: str | None = None
+        if body is None:
+            problem = "its function is missing"
+        elif _normal(body[0]) != function_body(ddl(create)):
+            problem = "its function differs from the one revision 30 creates"
+        elif trigger is None:
+            problem = "missing: display orders are no longer kept"
+        elif trigger[0] == "D":
+            problem = "disabled: display orders are no longer kept"
+        elif trigger[1] != name:
+            problem = f"runs {trigger[1]}, not {name}"
+        report(f"trigger {name}", problem)
+
+
+def _check_btrees(
+    conn: Connection,
+    report: _Report,
+    indexes: Mapping[str, tuple[str, bool, bool, str]],
+    *,
+    quick: bool,
+) -> None:
+    """amcheck's bt_index_check on each valid B-tree index, when the extension is there."""
+    amcheck = _schema_of_extension(conn, AMCHECK)
+    if quick:
+        report.result.skipped[AMCHECK_ITEM] = "skipped with --quick"
+        return
+    if amcheck is None:
+        report.result.skipped[AMCHECK_ITEM] = (
+            "the amcheck extension is not installed in this database (CREATE EXTENSION "
+            "amcheck lets check verify the B-tree indexes)"
+        )
+        return
+    for name, (_definition, valid, _ready, am) in indexes.items():
+        if am != "btree" or not valid:
+            continue
+        item = f"amcheck {name}"
+        try:
+            with conn.begin_nested():
+                conn.execute(
+                    text(f"SELECT {amcheck}.bt_index_check(CAST(:name AS regclass))"),
+                    {"name": name},
+                )
+            report(item, None)
+        except DBAPIError as exc:  # the server's verdict on one index
+            detail = str(getattr(exc, "orig", exc)).strip().splitlines()
+            report(item, detail[0] if detail else type(exc).__name__)
+
+
+def _validity(valid: bool, ready: bool) -> str | None:
+    if not ready:
+        return "not ready (an interrupted concurrent build); --repair rebuilds it"
+    if not valid:
+        return "invalid (an interrupted concurrent build or reindex); --repair rebuilds it"
+    return None
+
+
+def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
+    """Rebuild each invalid index (REINDEX INDEX CONCURRENTLY), re-create each missing or
+    different search function, search index and display trigger from its revision's DDL,
+    then check again. Writes are never blocked: index builds run CONCURRENTLY."""
+    want = expected()
+    with engine.connect() as conn:
+        before = check_server(conn, quick=quick)
+    result = RepairResult(before=before, after=before)
+    if before.ok:
+        return result
+    with engine.connect() as conn:
+        auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+        schema = str(auto.execute(text("SELECT current_schema()")).scalar_one())
+        problems = before.problems
+        for extension in want.extensions:
+            if f"extension {extension}" in problems:
+                auto.execute(text(f"CREATE EXTENSION IF NOT EXISTS {extension}"))
+                result.restored[f"extension {extension}"] = problems[f"extension {extension}"]
+        unaccent = _schema_of_extension(auto, "unaccent") or schema
+        for signature, create in want.functions.items():
+            item = f"function {signature}"
+            if item in problems:
+                auto.execute(text(ddl(create, unaccent)))
+                result.restored[item] = problems[item]
+        for name, create in want.indexes.items():
+            item = f"index {name}"
+            if item not in problems:
+                continue
+            # A missing index, one over another expression, or an invalid one: dropped
+            # and built again from the revision's DDL, without blocking writes.
+            auto.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
+            auto.execute(text(ddl(create)))
+            result.repaired[name] = "built again from the fts1 revision's definition"
+        for item, problem in problems.items():
+            name = item.removeprefix("index ")
+            if not item.startswith("index ") or name in want.indexes:
+                continue
+            if LEFTOVER_COPY.search(name):
+                # The new or old copy an interrupted REINDEX CONCURRENTLY left beside the
+                # index it rebuilt: PostgreSQL's advice is to drop it (the index is whole).
+                auto.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
+                result.repaired[name] = f"dropped, left by an interrupted reindex ({problem})"
+                continue
+            auto.execute(text(f'REINDEX INDEX CONCURRENTLY "{name}"'))
+            result.repaired[name] = f"REINDEX INDEX CONCURRENTLY ({problem})"
+        for name, create in want.display_functions.items():
+            item = f"trigger {name}"
+            if item not in problems:
+                continue
+            with engine.begin() as tx:  # function and trigger together, or neither
+                tx.execute(text(ddl(create)))
+                tx.execute(text(f'DROP TRIGGER IF EXISTS "{name}" ON messages'))
+                tx.execute(text(ddl(want.display_triggers[name])))
+            result.restored[item] = problems[item]
+        for item in problems:
+            if item.startswith("amcheck "):
+                name = item.removeprefix("amcheck ")
+                auto.execute(text(f'REINDEX INDEX CONCURRENTLY "{name}"'))
+                result.repaired[name] = f"REINDEX INDEX CONCURRENTLY ({problems[item]})"
+        if "search layout" in problems:
+            result.refused = (
+                "the search layout recorded in state_meta is not PostgreSQL's: run "
+                "`hermes-store upgrade` (a check repairs objects, not the revision history)"
+            )
+    with engine.connect() as conn:
+        result.after = check_server(conn, quick=quick)
+    return result
+
+
+__all__ = [
+    "AMCHECK",
+    "Expected",
+    "applied_revisions",
+    "check_server",
+    "ddl",
+    "expected",
+    "function_body",
+    "index_expression",
+    "repair_server",
+    "search_index_states",
+]

@@ -1,0 +1,125 @@
+"""Where the bytes go on PostgreSQL: every table and index of the store, grouped.
+
+The counterpart of :mod:`hermes_store.storage` (which reads SQLite's `dbstat`): the server
+gives each table's bytes (heap, TOAST, free-space and visibility maps: `pg_table_size`)
+and each index's (`pg_relation_size`). The report also carries what shows that the
+message text is stored once there: no tsvector column, no table beside the models' own
+(so no copy of the text), and the two search indexes, expression indexes over the text
+in `messages`, with their sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from hermes_store.fts import INDEXES
+from hermes_store.server import facts, foreign_tables, relations
+from hermes_store.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA, OTHER
+
+#: The group the search indexes are filed under (the SQLite report's "FTS index data").
+SEARCH_INDEX = FTS_INDEX
+
+
+@dataclass
+class ServerStorageReport:
+    """Bytes per table and index and per group, and what shows the text is stored once."""
+
+    database: str
+    layout: str
+    #: Table or index name -> bytes.
+    objects: dict[str, int] = field(default_factory=dict)
+    #: Table or index name -> "table" or "index on TABLE".
+    kinds: dict[str, str] = field(default_factory=dict)
+    groups: dict[str, int] = field(default_factory=dict)
+    #: Search index name -> bytes; a missing index is absent.
+    search_indexes: dict[str, int] = field(default_factory=dict)
+    #: ``table.column`` of every tsvector column of the store's tables (none is expected).
+    tsvector_columns: list[str] = field(default_factory=list)
+    #: Tables of the schema that are not the models' own (a copy of the text would be one).
+    other_tables: list[str] = field(default_factory=list)
+    #: The whole database as the server counts it (catalogs included).
+    database_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        """The store's tables and indexes together."""
+        return sum(self.objects.values())
+
+    @property
+    def text_stored_once(self) -> bool:
+        """No tsvector column and no table but the models': the text is in `messages` only."""
+        return not self.tsvector_columns and not self.other_tables
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form, with the derived figures."""
+        return {
+            **asdict(self),
+            "total_bytes": self.total_bytes,
+            "text_stored_once": self.text_stored_once,
+        }
+
+
+def classify(name: str, table: str) -> str:
+    """The group of a table or index: the search indexes, messages (heap, TOAST and its
+    other indexes), a copy of the text (any table not the models'), everything else."""
+    if name in INDEXES:
+        return SEARCH_INDEX
+    if table == "messages":
+        return MESSAGE_DATA
+    return OTHER
+
+
+def tsvector_columns(conn: Connection) -> list[str]:
+    """``table.column`` of each tsvector column in the current schema."""
+    rows = conn.execute(
+        text(
+            "SELECT table_name, column_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND udt_name = 'tsvector'"
+            " ORDER BY 1, 2"
+        )
+    )
+    return [f"{table}.{column}" for table, column in rows]
+
+
+def server_storage_report(conn: Connection) -> ServerStorageReport:
+    """Measure a PostgreSQL store: its tables and indexes, grouped like the SQLite report."""
+    _revisions, _version, layout = facts(conn)
+    report = ServerStorageReport(
+        database=str(conn.execute(text("SELECT current_database()")).scalar_one()),
+        layout=layout,
+    )
+    report.groups = dict.fromkeys(GROUPS, 0)
+    others = foreign_tables(conn)
+    for relation in relations(conn):
+        report.objects[relation.name] = relation.bytes
+        report.kinds[relation.name] = (
+            "table" if relation.kind == "table" else f"index on {relation.table}"
+        )
+        owner = relation.name if relation.kind == "table" else relation.table
+        group = FTS_COPIES if owner in others else classify(relation.name, relation.table)
+        report.groups[group] += relation.bytes
+        if relation.kind == "index" and relation.name in INDEXES:
+            report.search_indexes[relation.name] = relation.bytes
+    report.tsvector_columns = tsvector_columns(conn)
+    report.other_tables = others
+    report.database_bytes = int(
+        conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+    )
+    if conn.in_transaction():
+        conn.rollback()
+    return report
+
+
+__all__ = [
+    "FTS_COPIES",
+    "MESSAGE_DATA",
+    "OTHER",
+    "SEARCH_INDEX",
+    "ServerStorageReport",
+    "classify",
+    "server_storage_report",
+    "tsvector_columns",
+]
