@@ -809,11 +809,18 @@ def run(options: Options, workdir: Path) -> dict[str, Any]:
             results["databases"][backend] = target.describe()
             runnable[backend] = target
         order = [b for b in BACKENDS if b in runnable]
+        # The searcher takes a core of its own: where it cannot run on one database, it
+        # runs on none, so that the writers of every database share the machine alike.
+        search = not results["search_not_measured"]
+        for backend in order:
+            if not search and backend not in results["search_not_measured"]:
+                results["search_not_measured"][backend] = (
+                    "left out here too, so that every database's writers carry the same load"
+                )
         for round_no, writers in enumerate(options.writers):
             # The database that goes first alternates, so drift of the machine spreads alike.
             for backend in order[round_no % 2 :] + order[: round_no % 2]:
                 log(f"{LABELS[backend]}: {writers} writer(s), {options.seconds:g} s")
-                search = backend not in results["search_not_measured"]
                 cell = run_cell(runnable[backend], backend, writers, timing, search=search)
                 results["cells"].append(cell)
                 log(
