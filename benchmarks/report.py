@@ -94,14 +94,22 @@ class SqlTimer:
     any checkpoint.
     """
 
-    _by_engine: ClassVar[dict[int, SqlTimer]] = {}
+    #: By the id of what lends a Driver its connection (Driver.owner): an engine, or the
+    #: connections a store opened with Store.open keeps of its own.
+    _by_owner: ClassVar[dict[int, SqlTimer]] = {}
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, *owners: object) -> None:
         self.total = 0.0
         event.listen(engine, "before_cursor_execute", self._before)
         event.listen(engine, "after_cursor_execute", self._after)
-        SqlTimer._by_engine[id(engine)] = self
+        for owner in (engine, *owners):
+            SqlTimer._by_owner[id(owner)] = self
         _time_prepared_statements()
+
+    @classmethod
+    def of_store(cls, store: Store) -> SqlTimer:
+        """The timer of a store's engine and of its own connections."""
+        return cls(store.engine, store._connections)
 
     @staticmethod
     def _counted(statement: str) -> bool:
@@ -124,7 +132,7 @@ def _time_prepared_statements() -> None:
         return
 
     def run(driver: prepared.Driver, sql: str, params: Sequence[Any] = ()) -> Any:
-        timer = SqlTimer._by_engine.get(id(driver.engine))
+        timer = SqlTimer._by_owner.get(id(driver.owner))
         if timer is None or not SqlTimer._counted(sql):
             return original(driver, sql, params)
         start = time.perf_counter()
@@ -300,7 +308,7 @@ class SizeRun:
         log(f"{self.size}: appends, flag updates, edits and deletes ({self.repeat} rounds)")
         paths = {layout: self.stores.copy(layout, self.work / f"{layout}.db") for layout in LAYOUTS}
         stores = {layout: Store.open(path) for layout, path in paths.items()}
-        self.sql_timers = {layout: SqlTimer(store.engine) for layout, store in stores.items()}
+        self.sql_timers = {layout: SqlTimer.of_store(store) for layout, store in stores.items()}
         self.fsync_ms: list[float] = []
         try:
             self._appends(stores)

@@ -1,4 +1,4 @@
-"""Core statements compiled once and run on the pooled driver connection: the hot paths.
+"""Core statements compiled once and run on a plain driver connection: the hot paths.
 
 A statement through SQLAlchemy's ``Connection`` pays for the connection wrapper, the
 transaction's events, the compiled-cache lookup, parameter processing and the result
@@ -6,7 +6,9 @@ wrapper: tens of microseconds per statement and per transaction, as much as a on
 write costs SQLite itself. The Store's hot paths (appends, flag updates, deletes, the
 reads the agent makes on every turn) instead compile their Core statement once, to the
 SQL text SQLite runs and the order of its parameters (:class:`Prepared`), and run it on
-the pool's DBAPI connection (:func:`driver`), in one transaction when it writes.
+a DBAPI connection (:func:`driver`, :func:`fetch`), in one transaction when it writes: one
+of the store's own (:class:`StoreConnections`, a store opened with ``Store.open``), or
+one of its engine's pool (:class:`PooledConnections`).
 
 What a caller sees does not change: a failing statement raises SQLAlchemy's exception
 (``sqlalchemy.exc.IntegrityError``, ``OperationalError``...) with the parameters hidden,
@@ -18,18 +20,33 @@ them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sqlite3
+import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import Executable
 
+from hermes_store.engine import (
+    SQL_LOGGER,
+    configure_connection,
+    create_store_engine,
+    redact_server_error,
+    translate_server_error,
+)
+from hermes_store.models import from_server_text, to_server_text
+
 _DIALECT = sqlite.dialect()
+#: The logger of the store's engine (create_store_engine): statements are logged there.
+_SQL_LOG = logging.getLogger(SQL_LOGGER)
 
 
 @dataclass(frozen=True)
@@ -37,7 +54,8 @@ class Prepared:
     """A Core statement compiled for SQLite: its text and its parameters' names in order.
 
     An ``expanding`` parameter (``column.in_(bindparam(name, expanding=True))``) takes a
-    list of values: its marks are rendered per call, one per value.
+    list of values: its marks are rendered per call, one per value. :attr:`on_server` is
+    the same statement compiled for PostgreSQL, on first use.
     """
 
     sql: str
@@ -45,11 +63,15 @@ class Prepared:
     #: Values the statement carries itself (literals such as ``coalesce(x, 0)``'s 0).
     fixed: Mapping[str, Any]
     expanding: frozenset[str]
+    #: The Core statement it was compiled from, and the driver's parameter mark.
+    statement: Executable | None = field(default=None, compare=False, repr=False)
+    mark: str = "?"
 
     @classmethod
-    def of(cls, statement: Executable) -> Prepared:
-        """Compile ``statement`` once."""
-        compiled = statement.compile(dialect=_DIALECT)  # type: ignore[attr-defined]
+    def of(cls, statement: Executable, *, server: bool = False) -> Prepared:
+        """Compile ``statement`` once (for SQLite; for PostgreSQL with ``server``)."""
+        dialect = _server_dialect() if server else _DIALECT
+        compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
         names = tuple(compiled.positiontup or ())
         binds = compiled.binds
         return cls(
@@ -57,11 +79,22 @@ class Prepared:
             names,
             {n: binds[n].value for n in names if not binds[n].required},
             frozenset(n for n in names if binds[n].expanding),
+            statement,
+            "%s" if server else "?",
         )
+
+    @functools.cached_property
+    def on_server(self) -> Prepared:
+        """The same statement compiled for PostgreSQL (psycopg's ``%s`` marks)."""
+        if self.statement is None:
+            raise TypeError("a Prepared made without its statement cannot be recompiled")
+        return Prepared.of(self.statement, server=True)
 
     def bind(self, values: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
         """The SQL text and the positional parameters for ``values`` (by name)."""
         if not self.expanding:
+            if not self.fixed:  # the usual case, in C: a read costs a few us in all
+                return self.sql, tuple(map(values.__getitem__, self.names))
             return self.sql, tuple(
                 values[name] if name in values else self.fixed[name] for name in self.names
             )
@@ -69,29 +102,102 @@ class Prepared:
         for name in self.names:
             value = values[name] if name in values else self.fixed[name]
             if name in self.expanding:
-                sql = sql.replace(f"__[POSTCOMPILE_{name}]", ",".join("?" * len(value)), 1)
+                marks = ",".join([self.mark] * len(value))
+                sql = sql.replace(f"__[POSTCOMPILE_{name}]", marks, 1)
                 params.extend(value)
             else:
                 params.append(value)
         return sql, tuple(params)
 
 
+@functools.cache
+def _server_dialect() -> Dialect:
+    """PostgreSQL through psycopg 3, with positional ``%s`` parameters."""
+    from sqlalchemy.dialects.postgresql import psycopg
+
+    return psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
+
+
+class _ServerCursor:
+    """A psycopg cursor whose rows give NUL where PostgreSQL text holds U+FFFE."""
+
+    __slots__ = ("_cursor",)
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    @staticmethod
+    def _row(row: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(from_server_text(v) if isinstance(v, str) else v for v in row)
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        row = self._cursor.fetchone() if self._cursor.description else None
+        return None if row is None else self._row(row)
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        if not self._cursor.description:
+            return []
+        return [self._row(row) for row in self._cursor.fetchall()]
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.fetchall())
+
+
 class Driver:
-    """The DBAPI connection of a pooled connection, running prepared statements."""
+    """A DBAPI connection running prepared statements: a pooled one, or the Store's own.
+
+    On PostgreSQL (``server``) the statements run in their PostgreSQL form, text crosses
+    with NUL as U+FFFE (as the models' TEXT does), and a driver error the operator can act
+    on is raised as its domain error, as through the engine.
+    """
+
+    __slots__ = (
+        "_log",
+        "connection",
+        "dialect",
+        "hide_parameters",
+        "info",
+        "lease",
+        "logger",
+        "owner",
+        "server",
+        "url",
+    )
 
     def __init__(
-        self, engine: Engine, connection: sqlite3.Connection, info: dict[Any, Any]
+        self,
+        owner: object,
+        connection: sqlite3.Connection,
+        info: dict[Any, Any],
+        *,
+        logger: Any,
+        dialect: Dialect = _DIALECT,
+        hide_parameters: bool = True,
     ) -> None:
-        self.engine = engine
+        #: Whose connection it is: the Engine of the pool, or the StoreConnections.
+        self.owner = owner
         self.connection = connection
-        #: The pooled connection's own dict (``Connection.info`` of the same connection).
+        #: The connection's own dict (for a pooled one, ``Connection.info`` of it too).
         self.info = info
-        self._log = engine.logger.isEnabledFor(logging.INFO)
+        self.logger = logger
+        self.dialect = dialect
+        self.hide_parameters = hide_parameters
+        #: What its lender needs to take it back (the pool's proxy, or the generation).
+        self.lease: Any = None
+        self._log = logger.isEnabledFor(logging.INFO)
+        self.server = dialect.name == "postgresql"
+        self.url = ""
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """Execute one statement; a driver error is raised as SQLAlchemy raises it."""
         if self._log:
-            self.engine.logger.info("%s", sql)
+            self.logger.info("%s", sql)
+        if self.server:
+            return self._run_on_server(sql, params)  # type: ignore[return-value]
         try:
             return self.connection.execute(sql, params)
         except sqlite3.Error as exc:
@@ -100,35 +206,264 @@ class Driver:
                 params,
                 exc,
                 sqlite3.Error,
-                hide_parameters=self.engine.hide_parameters,
-                dialect=self.engine.dialect,
+                hide_parameters=self.hide_parameters,
+                dialect=self.dialect,
             ) from exc
+
+    def _run_on_server(self, sql: str, params: Sequence[Any]) -> _ServerCursor:
+        import psycopg
+
+        sent = tuple(to_server_text(v) if isinstance(v, str) else v for v in params)
+        try:
+            return _ServerCursor(self.connection.execute(sql, sent))
+        except psycopg.Error as exc:
+            wrapped = DBAPIError.instance(
+                sql,
+                sent,
+                redact_server_error(exc),
+                psycopg.Error,
+                hide_parameters=self.hide_parameters,
+                dialect=self.dialect,
+            )
+            translated = translate_server_error(exc, self.url)
+            if translated is not None:
+                raise translated from wrapped
+            raise wrapped from exc
 
     def execute(self, statement: Prepared, **values: Any) -> sqlite3.Cursor:
         """Execute a prepared statement with its parameters by name."""
+        if self.server:
+            statement = statement.on_server
         return self.run(*statement.bind(values))
+
+    def begin_write(self) -> None:
+        """Begin a write transaction: SQLite's write lock now; psycopg begins on its own."""
+        if not self.server:
+            self.run("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        """Commit the transaction."""
+        if self.server:
+            self.connection.commit()
+        else:
+            self.run("COMMIT")
+
+
+class Connections(Protocol):
+    """Where a store's prepared statements run: a connection lent for one call at a time."""
+
+    @property
+    def engine(self) -> Engine:
+        """The store's engine."""
+
+    def take(self) -> Driver:
+        """A connection for the caller alone, until it gives it back."""
+
+    def give(self, runner: Driver) -> None:
+        """Take back a connection; a transaction it left open is rolled back."""
+
+    def connect(self) -> Connection:
+        """A SQLAlchemy Connection to the same store (the paths that need one)."""
+
+    def close(self) -> None:
+        """Close the idle connections (the store reconnects when used again)."""
+
+
+class PooledConnections:
+    """The connections of an engine's pool (a store opened on an engine, or in memory)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def take(self) -> Driver:
+        pooled = self.engine.raw_connection()
+        runner = Driver(
+            self.engine,
+            pooled.driver_connection,  # type: ignore[arg-type]
+            pooled.info,
+            logger=self.engine.logger,
+            dialect=self.engine.dialect,
+            hide_parameters=self.engine.hide_parameters,
+        )
+        runner.lease = pooled
+        if runner.server:
+            runner.url = self.engine.url.render_as_string(hide_password=True)
+        return runner
+
+    def give(self, runner: Driver) -> None:
+        runner.lease.close()  # back to the pool, which rolls back what is left open
+
+    def connect(self) -> Connection:
+        return self.engine.connect()
+
+    def close(self) -> None:
+        """Close the pool's idle connections (the engine reconnects when used again)."""
+        # The pool's own dispose: Engine.dispose() would also build a replacement pool,
+        # a third of what opening the store cost.
+        self.engine.pool.dispose()
+
+
+class StoreConnections:
+    """A store file's own sqlite3 connections, and the engine it gets when something needs one.
+
+    The Store's methods run their prepared statements here, on plain sqlite3 connections
+    opened as the store's engine opens its own (the same arguments, then
+    :func:`~hermes_store.engine.configure_connection`): opening a store and reading a
+    session then costs what sqlite3 costs, not the engine's construction and pool. A call
+    takes an idle connection, or opens one, for itself alone (so each thread that uses
+    the store at the same time has its own), and gives it back when done. The engine
+    (ORM sessions, the search's rare paths) is created on first use, with the same URL,
+    busy timeout and WAL setting. :meth:`close` closes every connection, those in use as
+    soon as they are given back, and the engine's; the store stays usable (it reconnects).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        path: Path,
+        *,
+        busy_timeout_ms: int,
+        wal: bool = True,
+        create: bool = False,
+    ) -> None:
+        self.url = url
+        self.path = path
+        self.busy_timeout_ms = busy_timeout_ms
+        self.wal = wal
+        self._create = create
+        self._idle: list[Driver] = []
+        #: Bumped by close(): a connection of an earlier generation is closed when given back.
+        self._generation = 0
+        self._lock = threading.Lock()
+        self._engine: Engine | None = None
+        self.logger = _SQL_LOG
+        # Taken now, as an engine takes them when it is created: a relative file name is
+        # made absolute from the current directory of this moment.
+        connect_args = _absolute_connect_args if path.is_absolute() else _connect_args
+        self._connect_args = connect_args(url, busy_timeout_ms)
+
+    @property
+    def engine(self) -> Engine:
+        """The store's engine, created on first use."""
+        engine = self._engine
+        if engine is None:
+            with self._lock:
+                if self._engine is None:
+                    self._engine = create_store_engine(
+                        self.url,
+                        create=self._create,
+                        busy_timeout_ms=self.busy_timeout_ms,
+                        wal=self.wal,
+                    )
+                engine = self._engine
+        return engine
+
+    @property
+    def has_engine(self) -> bool:
+        """Whether the engine has been created."""
+        return self._engine is not None
+
+    def connect(self) -> Connection:
+        return self.engine.connect()
+
+    def take(self) -> Driver:
+        with self._lock:
+            runner = self._idle.pop() if self._idle else None
+        if runner is None:
+            return self._open()
+        runner._log = self.logger.isEnabledFor(logging.INFO)
+        return runner
+
+    def _open(self) -> Driver:
+        """A new connection, opened and set up as the engine opens its own."""
+        args, kwargs = self._connect_args
+        connection = sqlite3.connect(*args, **kwargs)
+        try:
+            configure_connection(
+                connection, self.path, busy_timeout_ms=self.busy_timeout_ms, wal=self.wal
+            )
+        except BaseException:
+            connection.close()
+            raise
+        runner = Driver(self, connection, {}, logger=self.logger)
+        runner.lease = self._generation
+        return runner
+
+    def give(self, runner: Driver) -> None:
+        connection = runner.connection
+        try:
+            connection.rollback()  # what a pool does with a connection it gets back
+        except sqlite3.Error:
+            self._discard(runner)
+            return
+        with self._lock:
+            if runner.lease == self._generation:
+                self._idle.append(runner)
+                return
+        self._discard(runner)
+
+    @staticmethod
+    def _discard(runner: Driver) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            runner.connection.close()
+
+    def close(self) -> None:
+        """Close the idle connections now, those in use when given back, and the engine's."""
+        with self._lock:
+            self._generation += 1
+            idle, self._idle = self._idle, []
+        for runner in idle:
+            self._discard(runner)
+        if self._engine is not None:
+            self._engine.pool.dispose()
+
+
+def _connect_args(url: str, busy_timeout_ms: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What ``sqlite3.connect`` gets for ``url`` in an engine of create_store_engine.
+
+    The pysqlite dialect's own reading of the URL (file name made absolute, ``uri=`` and the
+    rest), then the engine's ``connect_args``.
+    """
+    args, kwargs = _DIALECT.create_connect_args(make_url(url))
+    kwargs = {**kwargs, "timeout": busy_timeout_ms / 1000, "check_same_thread": False}
+    return tuple(args), kwargs
+
+
+#: The same, for a store given by its absolute path (the usual case): it depends on
+#: nothing else, and opening a store takes it every time.
+_absolute_connect_args = functools.lru_cache(maxsize=64)(_connect_args)
+
+
+def fetch(lender: Connections, statement: Prepared, /, **values: Any) -> list[Any]:
+    """The rows of one read statement, run on a connection ``lender`` lends."""
+    runner = lender.take()
+    try:
+        return runner.execute(statement, **values).fetchall()
+    finally:
+        lender.give(runner)
 
 
 @contextlib.contextmanager
-def driver(engine: Engine, *, write: bool = False) -> Iterator[Driver]:
-    """A pooled connection's driver for the block; with ``write``, one write transaction.
+def driver(source: Engine | Connections, *, write: bool = False) -> Iterator[Driver]:
+    """A connection's driver for the block; with ``write``, one write transaction.
 
-    ``write=True`` begins with ``BEGIN IMMEDIATE`` (the write lock, waited for up to the
-    busy timeout), commits when the block ends and rolls back when it raises. Without it
+    ``source`` is an engine (its pool lends the connection) or a store's connections.
+    ``write=True`` begins with ``BEGIN IMMEDIATE`` on SQLite (the write lock, waited for
+    up to the busy timeout), commits when the block ends and rolls back when it raises. Without it
     each statement is its own (read) transaction.
     """
-    pooled = engine.raw_connection()
+    lender = PooledConnections(source) if isinstance(source, Engine) else source
+    runner = lender.take()
     try:
-        runner = Driver(engine, pooled.driver_connection, pooled.info)  # type: ignore[arg-type]
         if not write:
             yield runner
             return
-        runner.run("BEGIN IMMEDIATE")
+        runner.begin_write()
         try:
             yield runner
-            runner.run("COMMIT")
+            runner.commit()
         except BaseException:
             runner.connection.rollback()  # a no-op when COMMIT ended the transaction
             raise
     finally:
-        pooled.close()
+        lender.give(runner)

@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from hermes_store import fts
 from hermes_store.errors import QueryTooComplex, UnsupportedLayout
-from hermes_store.prepared import Driver, Prepared, driver
+from hermes_store.prepared import Connections, Driver, Prepared, driver
 
 __all__ = [
     "MAX_QUERY_CHARS",
@@ -1141,7 +1141,7 @@ def search_messages(
 
 
 def search_store(
-    engine: Engine,
+    engine: Engine | Connections,
     query: str,
     source_filter: Sequence[str] | None = None,
     exclude_sources: Sequence[str] | None = None,
@@ -1151,7 +1151,8 @@ def search_store(
     sort: str | None = None,
     include_inactive: bool = False,
 ) -> SearchResults:
-    """:func:`search_messages` in a read transaction of its own, on a pooled connection.
+    """:func:`search_messages` in a read transaction of its own, on a connection of ``engine``
+    (an engine's pool, or a store's own connections).
 
     The usual search runs on the driver connection (hermes_store.prepared), like the
     Store's other methods: a SQLAlchemy ``Connection`` costs as much as the SQL of a cheap
@@ -1168,7 +1169,27 @@ def search_store(
         finally:
             db.connection.rollback()
     with engine.connect() as conn:
-        return _search(_OnConnection(conn), query, filters, sort, (limit, offset))
+        results = _search(_OnConnection(conn), query, filters, sort, (limit, offset))
+        _share_state(conn.info, db.info)
+    return results
+
+
+def _share_state(source: dict[Any, Any], target: dict[Any, Any]) -> None:
+    """Give the driver connection what the Connection learnt of the database (_state).
+
+    A store's own connections are not its engine's (hermes_store.prepared): without this,
+    each of their searches would take the Connection again to learn it.
+    """
+    state: _State | None = source.get(_STATE)
+    known: _State | None = target.get(_STATE)
+    if (
+        state is not None
+        and target is not source
+        and (known is None or known.cookie != state.cookie)
+    ):
+        target[_STATE] = _State(
+            state.cookie, state.tables, state.meta, state.damaged, state.application
+        )
 
 
 def _search(

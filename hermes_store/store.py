@@ -34,9 +34,11 @@ from typing import Any, cast
 from sqlalchemy import (
     BindParameter,
     Column,
+    ColumnClause,
     Connection,
     Engine,
     Integer,
+    Select,
     Table,
     TableClause,
     bindparam,
@@ -54,10 +56,22 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 from sqlalchemy.orm.attributes import History
 
-from hermes_store.engine import BEGIN_OPTION, create_store_engine
+from hermes_store.engine import (
+    BEGIN_OPTION,
+    create_store_engine,
+    default_busy_timeout_ms,
+    prepare_store_file,
+)
 from hermes_store.errors import SessionExists, SessionNotFound, StoreError, TitleTaken
 from hermes_store.models import AgentSession, Message
-from hermes_store.prepared import Prepared, driver
+from hermes_store.prepared import (
+    Connections,
+    PooledConnections,
+    Prepared,
+    StoreConnections,
+    driver,
+    fetch,
+)
 from hermes_store.records import (
     AgentSessionRecord,
     MessageRecord,
@@ -153,13 +167,17 @@ _INSERT_HEAD, _, _INSERT_TAIL = _INSERT_MESSAGE.sql.partition(_VALUES_ROW)
 _INSERT_CHUNK = 1000
 
 
-@functools.lru_cache(maxsize=64)
-def _insert_messages_sql(rows: int) -> str:
+@functools.lru_cache(maxsize=128)
+def _insert_messages_sql(rows: int, server: bool = False) -> str:
     """The prepared INSERT with ``rows`` rows of values: ``VALUES (...), (...) RETURNING id``.
 
     One statement for many rows costs SQLite about half what one statement per row does
     (every statement runs the FTS and display triggers' programs anew).
     """
+    if server:  # PostgreSQL's marks carry casts (%s::BIGINT): the row as compiled
+        head, _, rest = _INSERT_MESSAGE.on_server.sql.partition(" VALUES ")
+        row, _, tail = rest.partition(" RETURNING ")
+        return f"{head} VALUES {', '.join([row] * rows)} RETURNING {tail}"
     return _INSERT_HEAD + ", ".join([_VALUES_ROW] * rows) + _INSERT_TAIL
 
 
@@ -175,8 +193,20 @@ _SESSION_EXISTS = Prepared.of(select(literal_column("1")).where(_s.id == bindpar
 _TITLE_TAKEN = Prepared.of(
     select(literal_column("1")).where(_s.title == bindparam("title")).limit(1)
 )
+
+
+def _select_record(source: Table, columns: Sequence[Column[Any]]) -> Select[*tuple[Any, ...]]:
+    """SELECT of a record's columns from one table, by their bare names.
+
+    A connection parses a statement the first time it runs it, and a store that was just
+    opened reads on a new connection: SQLite parses the 62 names of a session qualified
+    with their table in about 10 us more than the bare ones (a sixth of that first read).
+    """
+    return select(*(column(c.name) for c in columns)).select_from(table(source.name))
+
+
 _SELECT_SESSION = Prepared.of(
-    select(*(_s[c.name] for c in _SESSION_COLUMNS)).where(_s.id == bindparam("id"))
+    _select_record(_sessions, _SESSION_COLUMNS).where(column("id") == bindparam("id"))
 )
 _END_SESSION = Prepared.of(
     update(_plain_sessions)
@@ -193,14 +223,16 @@ _UNPARENT_CHILDREN = Prepared.of(
 )
 _DELETE_MESSAGES = Prepared.of(delete(_plain_messages).where(_m.session_id == bindparam("id")))
 _DELETE_SESSION = Prepared.of(delete(_plain_sessions).where(_s.id == bindparam("id")))
-_MESSAGES = select(*(_m[c.name] for c in _MESSAGE_COLUMNS)).where(
-    _m.session_id == bindparam("session_id")
+_MESSAGES = _select_record(_messages, _MESSAGE_COLUMNS).where(
+    column("session_id") == bindparam("session_id")
 )
-_ORDER = (_m.timestamp, _m.id)
+_ORDER: tuple[ColumnClause[Any], ...] = (column("timestamp"), column("id"))
 #: A session's messages: every one, or those the UI shows (rewound ones hidden).
 _SELECT_MESSAGES = {
     True: Prepared.of(_MESSAGES.order_by(*_ORDER)),
-    False: Prepared.of(_MESSAGES.where((_m.active == 1) | (_m.compacted == 1)).order_by(*_ORDER)),
+    False: Prepared.of(
+        _MESSAGES.where((column("active") == 1) | (column("compacted") == 1)).order_by(*_ORDER)
+    ),
 }
 _SUMMARY = select(
     _s.id,
@@ -371,8 +403,18 @@ class Store:
     must already be at head (``migrate.upgrade``).
     """
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine | StoreConnections) -> None:
+        """A store over ``engine``'s pool, or over a store file's own connections."""
+        self._connections: Connections
+        if isinstance(engine, Engine):
+            self._connections = PooledConnections(engine)
+        else:
+            self._connections = engine
+
+    @property
+    def engine(self) -> Engine:
+        """The store's SQLAlchemy engine (a store opened by :meth:`open` makes it on first use)."""
+        return self._connections.engine
 
     # The ORM session factories, made on first use: the Store's own methods run prepared
     # statements, and opening a store should not pay for what it may never use.
@@ -389,15 +431,22 @@ class Store:
     def open(cls, url: str | os.PathLike[str] | None = None, *, create: bool = False) -> Store:
         """Open a store at ``url`` (resolved like every entry point); it must be at head.
 
-        The revision is not checked here: run ``migrate.upgrade`` first.
+        The revision is not checked here: run ``migrate.upgrade`` first. The file is
+        checked (and created) as :func:`~hermes_store.engine.create_store_engine` does;
+        the store's methods then run on sqlite3 connections of its own, and the engine
+        (:attr:`engine`, the ORM sessions) is created when first used.
         """
-        return cls(create_store_engine(url, create=create))
+        busy_timeout_ms = default_busy_timeout_ms()
+        resolved, path = prepare_store_file(url, create=create)
+        if path is None:  # in memory: one database per connection, so the engine's only
+            return cls(
+                create_store_engine(resolved, create=create, busy_timeout_ms=busy_timeout_ms)
+            )
+        return cls(StoreConnections(resolved, path, busy_timeout_ms=busy_timeout_ms, create=create))
 
     def close(self) -> None:
-        """Release the store's connections (the engine stays usable: it reconnects)."""
-        # The pool's own dispose: Engine.dispose() would also build a replacement pool,
-        # a third of what opening the store cost.
-        self.engine.pool.dispose()
+        """Close the store's connections (the store stays usable: it reconnects)."""
+        self._connections.close()
 
     def __enter__(self) -> Store:
         return self
@@ -477,7 +526,7 @@ class Store:
             if name not in _sessions.c:
                 raise TypeError(f"{name!r} is an invalid keyword argument for AgentSession")
         values.update(columns)
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             if db.execute(_SESSION_EXISTS, id=session_id).fetchone():
                 raise SessionExists(
                     f"session {session_id!r} already exists: append to it with "
@@ -515,7 +564,7 @@ class Store:
         for message in messages:
             rows.append(_message_row(session_id, message))
             tool_calls += count_tool_calls(message.tool_calls)
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             bumped = db.execute(
                 _ADD_TO_COUNTERS, session_id=session_id, messages=len(rows), tool_calls=tool_calls
             )
@@ -527,7 +576,7 @@ class Store:
             for start in range(0, len(rows), _INSERT_CHUNK):
                 chunk = rows[start : start + _INSERT_CHUNK]
                 flat = [value for row in chunk for value in row]
-                ids += (i for (i,) in db.run(_insert_messages_sql(len(chunk)), flat))
+                ids += (i for (i,) in db.run(_insert_messages_sql(len(chunk), db.server), flat))
         # RETURNING does not promise an order, but AUTOINCREMENT hands out increasing ids
         # in insertion order, which is the order of `rows`: sorted, they match.
         ids.sort()
@@ -538,7 +587,7 @@ class Store:
     ) -> None:
         """Mark a session ended with a reason."""
         ended = time.time() if ended_at is None else ended_at
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             result = db.execute(_END_SESSION, id=session_id, ended_at=ended, end_reason=end_reason)
             if result.rowcount == 0:
                 raise SessionNotFound(f"no session {session_id!r} to end")
@@ -563,12 +612,12 @@ class Store:
         ids = list(message_ids)
         if not values or not ids:
             return 0
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             return db.execute(_SET_FLAGS[tuple(values)], ids=ids, **values).rowcount
 
     def edit_message(self, message_id: int, content: str | list[Any] | None) -> None:
         """Replace a message's text (the FTS triggers re-index it)."""
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             result = db.execute(_EDIT_MESSAGE, id=message_id, content=encode_content(content))
             if result.rowcount == 0:
                 raise StoreError(f"no message with id {message_id}")
@@ -579,7 +628,7 @@ class Store:
         Returns the number of messages deleted. Per-model usage rows go with the session
         (ON DELETE CASCADE).
         """
-        with driver(self.engine, write=True) as db:
+        with driver(self._connections, write=True) as db:
             if not db.execute(_SESSION_EXISTS, id=session_id).fetchone():
                 raise SessionNotFound(f"no session {session_id!r} to delete")
             db.execute(_UNPARENT_CHILDREN, id=session_id)
@@ -591,8 +640,7 @@ class Store:
 
     def get_session(self, session_id: str) -> AgentSessionRecord | None:
         """One agent session, every column, or None when there is none with this id."""
-        with driver(self.engine) as db:
-            rows = db.execute(_SELECT_SESSION, id=session_id).fetchall()
+        rows = fetch(self._connections, _SELECT_SESSION, id=session_id)
         return _read_sessions(rows)[0] if rows else None
 
     def messages(self, session_id: str, *, include_inactive: bool = True) -> list[MessageRecord]:
@@ -601,8 +649,7 @@ class Store:
         ``include_inactive=False`` hides rewound messages (active=0) but keeps compacted
         ones (active=0, compacted=1), which the UI history still shows.
         """
-        with driver(self.engine) as db:
-            rows = db.execute(_SELECT_MESSAGES[include_inactive], session_id=session_id).fetchall()
+        rows = fetch(self._connections, _SELECT_MESSAGES[include_inactive], session_id=session_id)
         return _read_messages(rows)
 
     def list_sessions(
@@ -610,8 +657,7 @@ class Store:
     ) -> list[SessionSummary]:
         """Sessions newest first, with their message and tool-call counts."""
         statement = _LIST_SESSIONS[source is not None]
-        with driver(self.engine) as db:
-            rows = db.execute(statement, limit=limit, offset=offset, source=source).fetchall()
+        rows = fetch(self._connections, statement, limit=limit, offset=offset, source=source)
         return _read_summaries(rows)
 
     def search(
@@ -633,7 +679,7 @@ class Store:
         search fall back to a scan.
         """
         return search_store(
-            self.engine,
+            self._connections,
             query,
             source_filter=source_filter,
             exclude_sources=exclude_sources,

@@ -31,9 +31,12 @@ from hypothesis.stateful import (
 )
 from legacy.build import build_legacy_store
 from migration_support import clone
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select, text
+from sqlalchemy.dialects.postgresql import insert as insert_pg
 
 from hermes_store import corpus, fts, migrate
+from hermes_store.engine import create_store_engine
+from hermes_store.models import Message
 from hermes_store.search import search_messages
 from hermes_store.store import NewMessage, Store, encode_content
 
@@ -588,3 +591,199 @@ def test_random_writes_keep_search_equal_to_the_oracle(head_template: Path, tmp_
     )
     assert IndexMachine.examples >= 10
     assert IndexMachine.nonempty_answers >= 100
+
+
+# --------------------------------------------------------------------------------------------
+# The same machine on PostgreSQL: expression indexes, so search follows every write
+# --------------------------------------------------------------------------------------------
+
+
+class ServerIndexMachine(IndexMachine):
+    """The writes above on PostgreSQL: through the Store API and the engine (there is no
+    legacy application writing a PostgreSQL store, and no FTS5 shadow table to compare)."""
+
+    url: str | None = None
+
+    def __init__(self) -> None:
+        RuleBasedStateMachine.__init__(self)
+        assert self.url is not None
+        type(self).examples += 1
+        engine = create_store_engine(self.url)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DELETE FROM messages")
+            conn.exec_driver_sql("DELETE FROM sessions")
+        engine.dispose()
+        self.store = Store.open(self.url)
+        self.rows = {}
+        self.sessions = set()
+        self.clock = 1000.0
+
+    def teardown(self) -> None:
+        self.store.close()
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), content=st.one_of(st.none(), texts))
+    def edit_content_as_the_legacy_application(self, data: st.DataObject, content: Any) -> None:
+        """On PostgreSQL: a plain UPDATE through the engine (ORM-free SQL)."""
+        message_id = self._pick(data)
+        with self.store.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE messages SET content = :c WHERE id = :i"),
+                {"c": content, "i": message_id},
+            )
+        self.rows[message_id]["content"] = content
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), tool_name=tool_names)
+    def edit_tool_name(self, data: st.DataObject, tool_name: Any) -> None:
+        message_id = self._pick(data)
+        with self.store.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE messages SET tool_name = :t WHERE id = :i"),
+                {"t": tool_name, "i": message_id},
+            )
+        self.rows[message_id]["tool_name"] = tool_name
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), calls=tool_calls)
+    def edit_tool_calls(self, data: st.DataObject, calls: Any) -> None:
+        message_id = self._pick(data)
+        with self.store.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE messages SET tool_calls = :t WHERE id = :i"),
+                {"t": calls, "i": message_id},
+            )
+        self.rows[message_id]["tool_calls"] = calls
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), flag_values=flags)
+    def set_flags(self, data: st.DataObject, flag_values: tuple[int, int]) -> None:
+        message_id = self._pick(data)
+        active, compacted = flag_values
+        self.store.set_message_flags([message_id], active=bool(active), compacted=bool(compacted))
+        self.rows[message_id].update(active=active, compacted=compacted)
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), content=contents)
+    def insert_or_replace(self, data: st.DataObject, content: Any) -> None:
+        """PostgreSQL's upsert: INSERT ... ON CONFLICT (id) DO UPDATE."""
+        message_id = self._pick(data)
+        session = self.rows[message_id]["session_id"]
+        stored = encode_content(content)
+        with self.store.engine.begin() as conn:
+            conn.execute(
+                insert_pg(Message)
+                .values(
+                    id=message_id,
+                    session_id=session,
+                    role="user",
+                    content=stored,
+                    timestamp=self._tick(),
+                    tool_name=None,
+                    tool_calls=None,
+                    active=1,
+                    compacted=0,
+                )
+                .on_conflict_do_update(
+                    index_elements=[Message.id],
+                    set_={
+                        "session_id": session,
+                        "role": "user",
+                        "content": stored,
+                        "tool_name": None,
+                        "tool_calls": None,
+                        "active": 1,
+                        "compacted": 0,
+                    },
+                )
+            )
+        self.rows[message_id] = {
+            "session_id": session,
+            "content": stored,
+            "tool_name": None,
+            "tool_calls": None,
+            "active": 1,
+            "compacted": 0,
+        }
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data())
+    def change_id(self, data: st.DataObject) -> None:
+        message_id = self._pick(data)
+        new_id = max(self.rows) + 7
+        with self.store.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE messages SET id = :n WHERE id = :i"), {"n": new_id, "i": message_id}
+            )
+        self.rows[new_id] = self.rows.pop(message_id)
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data())
+    def delete_message(self, data: st.DataObject) -> None:
+        message_id = self._pick(data)
+        with self.store.engine.begin() as conn:
+            conn.execute(text("DELETE FROM messages WHERE id = :i"), {"i": message_id})
+        del self.rows[message_id]
+
+    @invariant()
+    def search_matches_the_oracle(self) -> None:
+        with self.store.engine.connect() as conn:
+            stored = {
+                row.id: {
+                    "session_id": row.session_id,
+                    "content": row.content,
+                    "tool_name": row.tool_name,
+                    "tool_calls": row.tool_calls,
+                    "active": row.active,
+                    "compacted": row.compacted,
+                }
+                for row in conn.execute(
+                    select(
+                        Message.id,
+                        Message.session_id,
+                        Message.content,
+                        Message.tool_name,
+                        Message.tool_calls,
+                        Message.active,
+                        Message.compacted,
+                    )
+                )
+            }
+            assert stored == self.rows
+            visible = {
+                i: indexed_expression(r)
+                for i, r in stored.items()
+                if r["active"] == 1 or r["compacted"] == 1
+            }
+            for word in WORD_QUERIES:
+                expected = {i for i, body in visible.items() if word in word_tokens(body)}
+                hits = search_messages(conn, word, limit=100_000)
+                assert {hit["id"] for hit in hits} == expected, word
+                type(self).nonempty_answers += bool(expected)
+            for phrase in CJK_QUERIES:
+                # No trigram tokenizer stopping at a NUL here: the whole text is searched.
+                expected = {i for i, body in visible.items() if phrase in body}
+                hits = search_messages(conn, phrase, limit=100_000)
+                assert {hit["id"] for hit in hits} == expected, phrase
+                assert all(">>>" in hit["snippet"] for hit in hits)
+                type(self).nonempty_answers += bool(expected)
+
+
+@pytest.mark.postgresql
+def test_random_writes_keep_search_equal_to_the_oracle_on_postgresql(pg_url: str) -> None:
+    migrate.upgrade(pg_url)
+    ServerIndexMachine.url = pg_url
+    ServerIndexMachine.examples = ServerIndexMachine.nonempty_answers = 0
+    run_state_machine_as_test(
+        ServerIndexMachine,
+        settings=settings(
+            max_examples=20,
+            stateful_step_count=20,
+            derandomize=True,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            database=None,
+        ),
+    )
+    assert ServerIndexMachine.examples >= 10
+    assert ServerIndexMachine.nonempty_answers >= 80
