@@ -904,6 +904,13 @@ def crossover(results: dict[str, Any]) -> str:
     return sentence + ("." if stays else " (not at every count above it).")
 
 
+def _searched(results: dict[str, Any]) -> bool | None:
+    """Whether the cells ran a searcher (None when there are no cells)."""
+    if not results["cells"]:
+        return None
+    return any(cell["search"] for cell in results["cells"])
+
+
 def _num(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
@@ -976,9 +983,14 @@ def render_markdown(results: dict[str, Any], *, heading: str = "#") -> str:
         f"messages; N writer processes append one message per transaction "
         f"(`Store.append_message`) as fast as they can, a new session every "
         f"{meta['session_length']} messages, and rewind their last {meta['rewind_last']} "
-        f"messages every {meta['rewind_every']} appends (`Store.set_message_flags`); one more "
-        f"process runs `Store.search` over {len(meta['search_queries'])} queries in turn. "
-        f"{meta['seconds']:g} s measured after {meta['warmup']:g} s of warm-up. Errors: "
+        f"messages every {meta['rewind_every']} appends (`Store.set_message_flags`)"
+        + (
+            "; no searcher (see below). "
+            if _searched(results) is False
+            else f"; one more process runs `Store.search` over {len(meta['search_queries'])} "
+            "queries in turn. "
+        )
+        + f"{meta['seconds']:g} s measured after {meta['warmup']:g} s of warm-up. Errors: "
         "busy/locked (a lock not had within the timeout) / other. Rows checked: every "
         "row a writer was given an id for is in its session afterwards, no other row is, "
         "counters and rewound flags agree.",
@@ -1028,6 +1040,8 @@ def render_chart(results: dict[str, Any], target: Path) -> bool:
             points = [(n, value(c)) for n, c in sorted(cells.items()) if value(c) is not None]
             if points:
                 ax.plot(*zip(*points, strict=True), style, label=LABELS[backend])
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("writer processes")
         ax.set_xscale("log", base=2)
@@ -1037,9 +1051,11 @@ def render_chart(results: dict[str, Any], target: Path) -> bool:
         else:
             ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    searcher = "no searcher" if _searched(results) is False else "one searcher"
     fig.suptitle(
-        f"Many writers, one searcher ({results['meta']['cpus']} CPUs, "
+        f"Many writers, {searcher} ({results['meta']['cpus']} CPUs, "
         f"{results['meta']['seconds']:g} s per cell)",
         fontsize=11,
     )
