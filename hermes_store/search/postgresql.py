@@ -1,0 +1,507 @@
+"""The search statements on PostgreSQL: the contract answered from expression indexes.
+
+The text is stored once, in `messages`. The revision fts1 indexes the same expression the
+SQLite view indexes, ``hermes_search_document(content, tool_name, tool_calls)``, twice: a
+GIN index over its tsvector (``hermes_search_words``, tokenised like FTS5's unicode61) for
+the word path, and a pg_trgm GIN index for the trigram path. Every statement here uses
+exactly those expressions, so the planner can use those indexes.
+
+- Word path: the sanitised query is parsed (:mod:`hermes_store.search.query`) and turned
+  into a tsquery whose words are normalised by the same database functions as the
+  documents (``phraseto_tsquery('simple', hermes_search_lexemes(:text))``, ``to_tsquery``
+  with ``:*`` for prefixes), joined with ``&&``, ``||``, ``!!`` and ``<->`` / ``<N>``.
+- Trigram path (CJK, 3+ characters a token): each token a case-insensitive substring test
+  (``ILIKE``, served by the trigram index), joined as FTS5 joins them.
+- LIKE scan (1-2 CJK characters): the contract's per-column LIKE, with SQLite's
+  ASCII-only case folding, without the visibility filter (the legacy quirk).
+
+Rank is ``ts_rank_cd`` (word path) or pg_trgm's ``similarity`` (trigram path), higher first,
+not FTS5's BM25; ties go to the lower id. Snippets are made in Python from the indexed text
+of the page's hits (:mod:`hermes_store.fts5_snippet`). README, "Search on PostgreSQL",
+lists every difference from SQLite.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Float,
+    Integer,
+    String,
+    and_,
+    bindparam,
+    func,
+    literal,
+    not_,
+    or_,
+    select,
+)
+from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY, TSVECTOR
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+
+from hermes_store.fts5_snippet import trigram_snippet, word_snippet
+from hermes_store.models import SERVER_NUL, from_server_text, to_server_text
+from hermes_store.search.context import CONTEXT_WINDOWS, SearchHit, SearchResults, contexts_of
+from hermes_store.search.query import (
+    TRIGRAM_INDEX,
+    WORD_INDEX,
+    And,
+    Near,
+    Node,
+    Not,
+    Nothing,
+    Or,
+    Phrase,
+    QuerySyntaxError,
+    _escape_like,
+    _reduced,
+    _Route,
+    highlight_of,
+    parse_query,
+    simplify,
+    word_tokens,
+)
+from hermes_store.search.schema import (
+    _RESULT_COLUMNS,
+    _RESULT_KEYS,
+    _filter_criteria,
+    _Filters,
+    _m,
+    _s,
+)
+
+log = logging.getLogger(__name__)
+
+SNIPPET_TOKENS = 40
+SNIPPET_MARKS = {"start": ">>>", "end": "<<<", "ellipsis": "..."}
+#: Up to this NEAR distance a two-phrase NEAR group is translated exactly (an OR of the
+#: ``<N>`` distances, both orders); beyond, and for three phrases or more, as the AND of
+#: its phrases, a superset (see README, "Search on PostgreSQL").
+NEAR_EXACT_DISTANCE = 32
+
+_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_LOWER = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _document(columns: Any = _m.c) -> ColumnElement[str]:
+    """The indexed text: the expression both indexes are built on."""
+    return func.hermes_search_document(
+        columns.content, columns.tool_name, columns.tool_calls, type_=String
+    )
+
+
+def _words() -> ColumnElement[Any]:
+    """The document's tsvector: the word index's expression."""
+    return func.hermes_search_words(_document(), type_=TSVECTOR)
+
+
+class _Binds:
+    """Numbered bound parameters of one statement, and their values."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def __call__(self, value: str) -> ColumnElement[str]:
+        name = f"q{len(self.values)}"
+        self.values[name] = value
+        return bindparam(name, type_=String)
+
+
+_SIMPLE = literal("simple", REGCONFIG)
+
+
+def _segment(binds: _Binds, text: str, prefix: bool) -> ColumnElement[Any]:
+    """One written segment of a phrase as a tsquery, normalised by the documents' functions."""
+    lexemes = func.hermes_search_lexemes(binds(text), type_=String)
+    if not prefix:
+        return func.phraseto_tsquery(_SIMPLE, lexemes, type_=TSQUERY)
+    # 'w1 <-> w2 <-> w3:*': the lexemes are letters and digits only, nothing to quote.
+    words = func.regexp_replace(func.btrim(lexemes), " +", " <-> ", "g", type_=String)
+    return func.to_tsquery(_SIMPLE, words.concat(":*"), type_=TSQUERY)
+
+
+def _phrase(binds: _Binds, phrase: Phrase) -> ColumnElement[Any]:
+    """A phrase's segments (``a + "b c"*``) joined by ``<->``; a segment without tokens
+    adds none, as in FTS5."""
+    segments = [_segment(binds, text, prefix) for text, prefix in phrase.text if word_tokens(text)]
+    query = segments[0]
+    for segment in segments[1:]:
+        query = func.tsquery_phrase(query, segment, type_=TSQUERY)
+    return query
+
+
+def _near(binds: _Binds, near: Near) -> ColumnElement[Any]:
+    phrases = [_phrase(binds, phrase) for phrase in near.phrases]
+    every = _combine("tsquery_and", phrases)
+    if len(phrases) != 2 or near.distance > NEAR_EXACT_DISTANCE:
+        return every
+    first, second = phrases
+    # FTS5: the later phrase starts at most `distance` tokens after the earlier one ends;
+    # tsquery_phrase(a, b, n): b starts exactly n positions after a's last word.
+    return _combine(
+        "tsquery_or",
+        [
+            func.tsquery_phrase(left, right, literal(gap, Integer), type_=TSQUERY)
+            for gap in range(1, near.distance + 2)
+            for left, right in ((first, second), (second, first))
+        ],
+    )
+
+
+def _combine(function: str, queries: Sequence[ColumnElement[Any]]) -> ColumnElement[Any]:
+    """Queries joined by ``tsquery_and`` (``&&``), ``tsquery_or`` (``||``)..., left to right."""
+    combined = queries[0]
+    for query in queries[1:]:
+        combined = getattr(func, function)(combined, query, type_=TSQUERY)
+    return combined
+
+
+def tsquery_of(node: Node, binds: _Binds) -> ColumnElement[Any]:
+    """A simplified query tree (no Nothing in it) as a tsquery expression."""
+    if isinstance(node, Phrase):
+        return _phrase(binds, node)
+    if isinstance(node, Near):
+        return _near(binds, node)
+    if isinstance(node, And):
+        return _combine("tsquery_and", [tsquery_of(operand, binds) for operand in node.operands])
+    if isinstance(node, Or):
+        return _combine("tsquery_or", [tsquery_of(operand, binds) for operand in node.operands])
+    if isinstance(node, Not):  # FTS5's binary NOT: positive && !!negative
+        positive = tsquery_of(node.positive, binds)
+        negative = func.tsquery_not(tsquery_of(node.negative, binds), type_=TSQUERY)
+        return func.tsquery_and(positive, negative, type_=TSQUERY)
+    raise TypeError(f"no tsquery for {type(node).__name__}")
+
+
+def _like_pattern(text: str) -> str:
+    """A contains-pattern for ``text`` as stored on the server (NUL as U+FFFE)."""
+    return f"%{_escape_like(to_server_text(text))}%"
+
+
+def trigram_condition(node: Node, binds: _Binds) -> ColumnElement[bool]:
+    """A simplified trigram query tree as ILIKE tests over the indexed text."""
+    if isinstance(node, Phrase):  # one quoted token: a substring of 3+ characters
+        pattern = binds(_like_pattern(node.tokens[0][0]))
+        # The trigram index serves the first test; the second is FTS5's trigram tokenizer,
+        # which stops at a text's first NUL (stored here as U+FFFE).
+        return and_(_document().ilike(pattern), _before_nul(_document()).ilike(pattern))
+    if isinstance(node, And):
+        return and_(*(trigram_condition(operand, binds) for operand in node.operands))
+    if isinstance(node, Or):
+        return or_(*(trigram_condition(operand, binds) for operand in node.operands))
+    if isinstance(node, Not):
+        return and_(
+            trigram_condition(node.positive, binds), not_(trigram_condition(node.negative, binds))
+        )
+    raise TypeError(f"no trigram condition for {type(node).__name__}")
+
+
+def _before_nul(value: ColumnElement[Any]) -> ColumnElement[str]:
+    """``value`` up to its first NUL (U+FFFE on the server), where SQLite's LIKE and the
+    trigram tokenizer stop reading a text."""
+    return func.split_part(value, SERVER_NUL, 1, type_=String)
+
+
+def _ascii_folded(value: ColumnElement[Any]) -> ColumnElement[str]:
+    """``value`` with ASCII letters lower-cased and nothing else: SQLite LIKE's folding."""
+    return func.translate(value, _UPPER, _LOWER, type_=String)
+
+
+def _ascii_caseless(token: str) -> str:
+    """A regular expression (ARE) finding ``token`` with ASCII letters in either case and
+    every other character as written: what SQLite's LIKE '%token%' finds."""
+    pieces = []
+    for char in token:
+        if char.isascii() and char.isalpha():
+            pieces.append(f"[{char.lower()}{char.upper()}]")
+        elif char.isalnum():
+            pieces.append(char)
+        else:  # a backslash before a character that is not a letter or digit: itself
+            pieces.append("\\" + char)
+    return "".join(pieces)
+
+
+def _like_condition(tokens: Sequence[str], binds: _Binds) -> ColumnElement[bool]:
+    """The LIKE scan's test: any token in content, tool_name or tool_calls, ASCII case
+    folded as SQLite's LIKE folds it, each text read up to its first NUL as LIKE reads it.
+
+    A token without ASCII letters is a plain LIKE (nothing to fold); one with letters a
+    regular expression with each letter in both cases (ILIKE would fold every script, and
+    translate() to ASCII lower case costs 30 times as much).
+    """
+    columns = (_m.c.content, _m.c.tool_name, _m.c.tool_calls)
+    conditions: list[ColumnElement[bool]] = []
+    for token in _reduced(tokens):
+        if "\x00" in token:  # compared whole, as on SQLite (stored NULs are U+FFFE here)
+            needle = _ascii_folded(binds(to_server_text(token)))
+            tests = [func.strpos(_ascii_folded(column), needle) > 0 for column in columns]
+        elif any(char.isascii() and char.isalpha() for char in token):
+            regex = binds(_ascii_caseless(token))
+            tests = [_before_nul(column).op("~", return_type=Boolean)(regex) for column in columns]
+        else:
+            pattern = binds(_like_pattern(token))
+            tests = [_before_nul(column).like(pattern) for column in columns]
+        conditions.append(or_(*tests))
+    return or_(*conditions)
+
+
+# -- the statements ------------------------------------------------------------------------
+
+
+def _paged(statement: Any, page: tuple[int, int]) -> tuple[Any, dict[str, Any]]:
+    """LIMIT / OFFSET as SQLite reads them: a negative LIMIT is none, a negative OFFSET 0."""
+    limit, offset = page
+    values = {"limit": None if limit < 0 else limit, "offset": max(offset, 0)}
+    statement = statement.limit(bindparam("limit", type_=Integer)).offset(
+        bindparam("offset", type_=Integer)
+    )
+    return statement, values
+
+
+def _select(condition: ColumnElement[bool], filters: _Filters, *, visibility: bool) -> Any:
+    return (
+        select(_m.c.id, *_RESULT_COLUMNS)
+        .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
+        .where(condition, *_filter_criteria(filters.given(visibility=visibility)))
+    )
+
+
+Rank = Callable[[ColumnElement[str]], ColumnElement[float]]
+
+
+def _ranked(
+    condition: ColumnElement[bool],
+    filters: _Filters,
+    sort: str | None,
+    page: tuple[int, int],
+    rank_of: Rank,
+) -> tuple[Any, dict[str, Any]]:
+    """The hits in the contract's order (rank higher first, then the lower id), one page.
+
+    Rank needs each row's text tokenised again (nothing is stored): ordered by rank, every
+    hit pays it; ordered by time, only the rows of the page's timestamps do (the first
+    limit + offset hits by time, ties included, are ranked; then the page is cut).
+    """
+    limit, offset = page
+    if sort not in ("newest", "oldest"):
+        statement = _select(condition, filters, visibility=True)
+        rank = rank_of(_document())
+        return _paged(statement.order_by(rank.desc(), _m.c.id), page)
+    by_time = _m.c.timestamp.desc() if sort == "newest" else _m.c.timestamp.asc()
+    statement = _select(condition, filters, visibility=True).add_columns(
+        _m.c.content, _m.c.tool_name, _m.c.tool_calls
+    )
+    window: dict[str, Any] = {}
+    if limit >= 0:
+        statement = statement.order_by(by_time).fetch(
+            bindparam("window", type_=Integer), with_ties=True
+        )
+        window["window"] = limit + max(offset, 0)
+    hits = statement.subquery("hits")
+    rank = rank_of(_document(hits.c))
+    in_time = hits.c.timestamp.desc() if sort == "newest" else hits.c.timestamp.asc()
+    outer = select(hits.c.id, *(hits.c[key] for key in _RESULT_KEYS)).order_by(
+        in_time, rank.desc(), hits.c.id
+    )
+    outer, values = _paged(outer, page)
+    return outer, {**values, **window}
+
+
+def word_statement(
+    tree: Node, filters: _Filters, sort: str | None, page: tuple[int, int]
+) -> tuple[Any, dict[str, Any]]:
+    """The word path's statement for a simplified tree, and its parameters."""
+    binds = _Binds()
+    query = tsquery_of(tree, binds)
+    condition = _words().op("@@", return_type=Boolean)(query)
+
+    # ts_rank_cd (cover density) with normalisation 1: divided by 1 + log(document
+    # length), as BM25 favours short documents; cheaper than ts_rank on long texts.
+    def rank_of(document: ColumnElement[str]) -> ColumnElement[float]:
+        words = func.hermes_search_words(document, type_=TSVECTOR)
+        return func.ts_rank_cd(words, query, literal(1, Integer), type_=Float)
+
+    statement, values = _ranked(condition, filters, sort, page, rank_of)
+    return statement, {**filters.values(), **binds.values, **values}
+
+
+def trigram_statement(
+    tree: Node, route: _Route, filters: _Filters, sort: str | None, page: tuple[int, int]
+) -> tuple[Any, dict[str, Any]]:
+    """The trigram path's statement for a simplified tree, and its parameters."""
+    binds = _Binds()
+    condition = trigram_condition(tree, binds)
+    terms = binds(to_server_text(" ".join(route.like_tokens)))
+
+    def rank_of(document: ColumnElement[str]) -> ColumnElement[float]:
+        return func.similarity(document, terms, type_=Float)
+
+    statement, values = _ranked(condition, filters, sort, page, rank_of)
+    return statement, {**filters.values(), **binds.values, **values}
+
+
+def like_statement(
+    route: _Route, filters: _Filters, page: tuple[int, int]
+) -> tuple[Any, dict[str, Any]]:
+    """The LIKE scan (short CJK tokens): newest first whatever the sort, no visibility
+    filter (the legacy quirk), the contract's snippet."""
+    binds = _Binds()
+    condition = _like_condition(route.like_tokens, binds)
+    first = binds(to_server_text(route.like_tokens[0]))
+    start = func.greatest(1, func.strpos(_m.c.content, first) - 40)
+    snippet = func.substr(_m.c.content, start, 120, type_=String).label("snippet")
+    statement = _select(condition, filters, visibility=False).add_columns(snippet)
+    statement = statement.order_by(_m.c.timestamp.desc(), _m.c.id)
+    statement, values = _paged(statement, page)
+    return statement, {**filters.values(), **binds.values, **values}
+
+
+# -- one search ----------------------------------------------------------------------------
+
+
+def _encodable(values: Iterable[Any]) -> bool:
+    """Whether every string can be sent to the server (lone surrogates cannot)."""
+    for value in values:
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return False
+    return True
+
+
+def _rows(conn: Connection, statement: Any, values: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The statement's rows; None when the server rejected the query's values (in a
+    savepoint, so the caller's transaction goes on). Any other error (a store without the
+    search functions, a lost connection) is raised: it is no answer to the query."""
+    if not _encodable(values.values()):
+        log.debug("search: query or filter not encodable as UTF-8; no results")
+        return []
+    try:
+        with conn.begin_nested():
+            return [dict(row) for row in conn.execute(statement, values).mappings()]
+    except DBAPIError as exc:
+        if not _rejected_query(exc):
+            raise
+        log.debug("search: PostgreSQL rejected the query (%s)", type(exc.orig).__name__)
+        return None
+
+
+#: SQLSTATEs of a query the server refuses for what it says: a data exception (class 22),
+#: a syntax error (a tsquery that does not parse), a limit exceeded (class 54).
+_REJECTED = ("22", "42601", "54")
+
+
+def _rejected_query(exc: DBAPIError) -> bool:
+    state = str(getattr(exc.orig, "sqlstate", "") or "")
+    return any(state.startswith(prefix) for prefix in _REJECTED)
+
+
+def _documents(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
+    """The indexed text of the page's hits, as the data layer gives text (NUL as NUL)."""
+    statement = select(_m.c.id, _document()).where(_m.c.id.in_(bindparam("ids", expanding=True)))
+    return {
+        int(i): from_server_text(text) for i, text in conn.execute(statement, {"ids": list(ids)})
+    }
+
+
+def search(
+    conn: Connection, route: _Route, filters: _Filters, sort: str | None, page: tuple[int, int]
+) -> SearchResults:
+    """search_messages on PostgreSQL, for a routed, bounded query."""
+    rows: list[dict[str, Any]] | None
+    snippets: Callable[[str], str] | None = None
+    if route.index == WORD_INDEX:
+        try:
+            tree = simplify(parse_query(route.match))
+        except QuerySyntaxError:  # FTS5 would reject it: the contract's answer is []
+            return SearchResults()
+        if isinstance(tree, Nothing):
+            return SearchResults()
+        highlight = highlight_of(parse_query(route.match))
+        rows = _rows(conn, *word_statement(tree, filters, sort, page))
+
+        def snippets(text: str) -> str:
+            return word_snippet(
+                text,
+                highlight.phrases,
+                near=highlight.near,
+                groups=highlight.groups,
+                tokens=SNIPPET_TOKENS,
+                **SNIPPET_MARKS,
+            )
+
+    else:
+        rows = None
+        if route.index == TRIGRAM_INDEX:
+            try:
+                tree = simplify(parse_query(route.match, trigram=True))
+            except QuerySyntaxError:  # FTS5 rejects it: the LIKE scan answers, as on SQLite
+                tree = None
+            if isinstance(tree, Nothing):
+                return SearchResults()
+            if tree is not None:
+                marks = highlight_of(parse_query(route.match, trigram=True))
+                substrings = [phrase[0][0] for phrase in marks.phrases]
+                rows = _rows(conn, *trigram_statement(tree, route, filters, sort, page))
+
+                def snippets(text: str) -> str:
+                    return trigram_snippet(
+                        text,
+                        substrings,
+                        groups=marks.groups,
+                        tokens=SNIPPET_TOKENS,
+                        **SNIPPET_MARKS,
+                    )
+
+        if rows is None:
+            snippets = None
+            rows = _rows(conn, *like_statement(route, filters, page))
+    if not rows:
+        return SearchResults()
+    ids = [int(row["id"]) for row in rows]
+    if snippets is not None:
+        documents = _documents(conn, ids)
+        for row in rows:
+            row["snippet"] = snippets(documents[int(row["id"])])
+    else:
+        for row in rows:
+            if row["snippet"] is not None:
+                row["snippet"] = from_server_text(row["snippet"])
+    log.debug("search: %d hit(s) from %s", len(rows), route.index or "LIKE scan")
+    try:
+        contexts = contexts_of(lambda chunk: _windows(conn, chunk), ids)
+    except Exception:  # the contract: a failed context lookup leaves every hit with []
+        log.debug("search: context lookup failed", exc_info=True)
+        contexts = {}
+    hits: list[SearchHit] = [
+        {
+            "id": int(row["id"]),
+            "session_id": row["session_id"],
+            "role": row["role"],
+            "snippet": row["snippet"],
+            "timestamp": row["timestamp"],
+            "tool_name": row["tool_name"],
+            "source": row["source"],
+            "model": row["model"],
+            "session_started": row["session_started"],
+            "context": contexts.get(int(row["id"]), []),
+        }
+        for row in rows
+    ]
+    return SearchResults(hits)
+
+
+def _windows(conn: Connection, chunk: list[int]) -> list[tuple[Any, ...]]:
+    """CONTEXT_WINDOWS' rows for a chunk of hits, content as the data layer gives it."""
+    return [
+        (hit_id, role, from_server_text(content) if isinstance(content, str) else content)
+        for hit_id, role, content in conn.execute(CONTEXT_WINDOWS, {"ids": chunk})
+    ]
