@@ -299,6 +299,7 @@ def searcher_main(
             with contextlib.suppress(Exception):
                 store.search(query)
         latencies: list[float] = []
+        by_query: dict[str, list[float]] = {}
         hits = 0
         turn = 0
 
@@ -315,6 +316,7 @@ def searcher_main(
                 return
             if measuring:
                 latencies.append(time.perf_counter() - started)
+                by_query.setdefault(query, []).append(latencies[-1])
                 hits += len(found)
 
         barrier.wait()
@@ -326,6 +328,7 @@ def searcher_main(
                 "index": 0,
                 "latencies": latencies,
                 "hits": hits,
+                "by_query": by_query,
                 "errors": errors.counts,
                 "error_samples": errors.samples,
             }
@@ -513,6 +516,10 @@ def summarize(
                 "p50_ms": _ms(percentile(found, 50)),
                 "p99_ms": _ms(percentile(found, 99)),
                 "hits": report["hits"],
+                "p50_ms_by_query": {
+                    query: _ms(percentile(times, 50))
+                    for query, times in report.get("by_query", {}).items()
+                },
                 "errors": report["errors"],
                 "error_samples": report["error_samples"],
             }
@@ -1028,9 +1035,9 @@ def render_chart(results: dict[str, Any], target: Path) -> bool:
         ("appends/s (all writers)", lambda c: c["appends_per_s"], False),
         ("append p99 (ms, log)", lambda c: c["append_p99_ms"], True),
         (
-            "searches/s (one searcher)",
+            "searches/s (one searcher, log)",
             lambda c: c["search"]["per_s"] if c["search"] else None,
-            False,
+            True,
         ),
     )
     fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.6))
