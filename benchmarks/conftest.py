@@ -13,10 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from benchmarks import layouts, workloads
+from hermes_store.engine import to_url
 
 DEFAULT_SIZE = 1000
+#: The PostgreSQL server of the benchmarks that need one (they create and drop their own
+#: databases): the tests' server by default, trust authentication.
+PG_URL_ENV = "HERMES_TEST_PG_URL"
+DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+#: Set (to 1) by CI: no reachable server fails those benchmarks instead of skipping them.
+REQUIRE_PG_ENV = "HERMES_REQUIRE_PG"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -74,3 +84,25 @@ def parity_queries() -> list[dict[str, Any]]:
 def inline_answers(store_set: layouts.StoreSet, parity_queries: list[dict[str, Any]]) -> list[Any]:
     """Every parity query's answer on the inline store: the reference."""
     return workloads.parity_answers(store_set.base(layouts.INLINE), parity_queries)
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> str:
+    """A PostgreSQL server that answers (its URL); skipped with the reason when none does,
+    unless HERMES_REQUIRE_PG=1."""
+    url = make_url(to_url(os.environ.get(PG_URL_ENV) or DEFAULT_PG_URL))
+    engine = create_engine(url, connect_args={"connect_timeout": 5})
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except DBAPIError as exc:
+        reason = (
+            f"no PostgreSQL server at {url.render_as_string(hide_password=True)} "
+            f"({str(exc.orig).strip().splitlines()[0]}); set {PG_URL_ENV}"
+        )
+        if os.environ.get(REQUIRE_PG_ENV, "") not in ("", "0"):
+            pytest.fail(f"{reason} ({REQUIRE_PG_ENV} is set)", pytrace=False)
+        pytest.skip(reason)
+    finally:
+        engine.dispose()
+    return url.render_as_string(hide_password=False)

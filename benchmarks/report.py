@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import event
 
-from benchmarks import floor, layouts, workloads
+from benchmarks import floor, layouts, many_writers, workloads
 from benchmarks.layouts import EXTERNAL, INLINE, LAYOUTS, REBUILD, VARIANTS
 from hermes_store import prepared, storage
 from hermes_store.search import accept_search_objects
@@ -1252,6 +1252,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"interleaved rounds of the raw sqlite3 comparison (default {floor.ROUNDS})",
     )
     parser.add_argument(
+        "--many-writers",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also run the many-writers benchmark (benchmarks/many_writers.py), SECONDS per "
+        "cell, on SQLite and PostgreSQL ($HERMES_BENCH_PG_URL); default: not run",
+    )
+    parser.add_argument(
+        "--many-writers-counts",
+        type=many_writers.parse_writers,
+        default=many_writers.DEFAULT_WRITERS,
+        help="its writer counts (default 1,2,4,8)",
+    )
+    parser.add_argument(
         "--render-only",
         action="store_true",
         help="measure nothing: rewrite report.md / report.png from --out's report.json",
@@ -1297,6 +1311,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             if not args.keep:
                 shutil.rmtree(workdir / str(size), ignore_errors=True)
+        if args.many_writers > 0:
+            options = many_writers.Options(
+                writers=args.many_writers_counts,
+                seconds=args.many_writers,
+                pg_url=os.environ.get(many_writers.PG_URL_ENV) or many_writers.DEFAULT_PG_URL,
+            )
+            results["many_writers"] = many_writers.run(options, workdir / "many-writers")
     finally:
         if not args.keep and args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -1324,6 +1345,9 @@ def render(results: dict[str, Any], out: Path) -> int:
 
 def _write(results: dict[str, Any], out: Path) -> int:
     markdown = render_markdown(results)
+    if results.get("many_writers"):
+        many_writers.attach_chart(results["many_writers"], out)
+        markdown += "\n" + many_writers.render_markdown(results["many_writers"], heading="##")
     (out / "report.md").write_text(markdown, encoding="utf-8")
     (out / "report.json").write_text(json.dumps(results, indent=1, default=str), "utf-8")
     print(markdown)

@@ -1,0 +1,262 @@
+"""Many writers side by side (``benchmarks/many_writers.py``) under pytest-benchmark.
+
+Timed, one round per cell: each database at each writer count of ``$BENCH_MW_WRITERS``
+(default 1,2,4,8) for ``$BENCH_MW_SECONDS`` (default 5) after a 1 s warm-up; the figures
+(appends/s, p50/p99, errors, searches/s) go to the benchmark's ``extra_info``. With
+``--benchmark-disable`` (CI's smoke run) one cell per database, 2 writers for a fraction of
+a second: what it proves is that the code counts every append and loses no row. The
+report's table comes from ``python -m benchmarks.many_writers``.
+
+The other tests check the benchmark's own arithmetic and its row check, without processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from benchmarks import many_writers as mw
+from hermes_store.errors import StoreBusy
+from hermes_store.store import NewMessage, Store
+
+SMOKE = mw.Timing(warmup=0.1, seconds=0.3)
+SMOKE_WRITERS = (2,)
+
+
+def _timed() -> tuple[mw.Timing, tuple[int, ...]]:
+    seconds = float(os.environ.get("BENCH_MW_SECONDS") or 5)
+    writers = mw.parse_writers(os.environ.get("BENCH_MW_WRITERS") or "1,2,4,8")
+    return mw.Timing(warmup=1.0, seconds=seconds), writers
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "writers" in metafunc.fixturenames:
+        smoke = metafunc.config.getoption("benchmark_disable", default=False)
+        writers = SMOKE_WRITERS if smoke else _timed()[1]
+        metafunc.parametrize("writers", writers)
+
+
+@pytest.fixture(scope="module")
+def sqlite_target(bench_size, tmp_path_factory):
+    """A seeded SQLite store, copied for each cell."""
+    target = mw.SqliteTarget(tmp_path_factory.mktemp("many-writers"))
+    target.prepare(bench_size)
+    yield target
+    target.close()
+
+
+@pytest.fixture(scope="module")
+def postgresql_target(bench_size, pg_server_url):
+    """A seeded PostgreSQL template database, cloned for each cell; skipped (with the
+    reason) while the Store API does not work on PostgreSQL."""
+    target = mw.PostgresTarget(pg_server_url)
+    try:
+        target.prepare(bench_size)
+    except Exception as exc:
+        target.close()
+        pytest.skip(f"the Store API does not work on PostgreSQL here: {mw.describe(exc)}")
+    yield target
+    target.close()
+
+
+@pytest.fixture(params=mw.BACKENDS)
+def target(request):
+    return request.getfixturevalue(f"{request.param}_target")
+
+
+def test_many_writers(target, writers, benchmark, request):
+    smoke = request.config.getoption("benchmark_disable", default=False)
+    timing = SMOKE if smoke else _timed()[0]
+    search = mw.probe(target.template_url())["search"] is None
+
+    cell = benchmark.pedantic(
+        mw.run_cell,
+        args=(target, target.backend, writers, timing),
+        kwargs={"search": search},
+        rounds=1,
+        iterations=1,
+    )
+
+    checked = cell["verified"]
+    assert checked["expected"] > 0, "no writer appended anything"
+    assert checked["lost"] == 0, "a row a writer was given an id for is missing"
+    assert checked["unexpected"] == 0, "a row no writer was given is in a writer's session"
+    assert checked["counters_wrong"] == 0
+    assert checked["rewind_wrong"] == 0
+    assert len(cell["appends_per_writer"]) == writers
+    assert sum(cell["appends_per_writer"]) == cell["appends"]
+    assert cell["errors"][mw.OTHER] == 0, cell["error_samples"]
+    if search:
+        assert cell["search"]["searches"] > 0
+        assert cell["search"]["errors"][mw.OTHER] == 0, cell["search"]["error_samples"]
+    benchmark.extra_info.update(
+        {
+            key: cell[key]
+            for key in ("appends_per_s", "append_p50_ms", "append_p99_ms", "errors", "rewinds")
+        }
+    )
+    if cell["search"]:
+        benchmark.extra_info.update(
+            searches_per_s=cell["search"]["per_s"], search_p50_ms=cell["search"]["p50_ms"]
+        )
+
+
+# -- the benchmark's own arithmetic ---------------------------------------------------
+
+
+def test_errors_are_told_apart_by_kind():
+    class PgLockTimeout(Exception):
+        sqlstate = "55P03"
+
+    assert mw.error_kind(sqlite3.OperationalError("database is locked")) == mw.BUSY
+    assert mw.error_kind(StoreBusy("the store is locked")) == mw.BUSY
+    assert mw.error_kind(PgLockTimeout("canceling statement due to lock timeout")) == mw.BUSY
+    wrapped = RuntimeError("wrapped")
+    wrapped.__cause__ = sqlite3.OperationalError("database is busy")
+    assert mw.error_kind(wrapped) == mw.BUSY
+    assert mw.error_kind(sqlite3.IntegrityError("NOT NULL constraint failed")) == mw.OTHER
+    assert mw.error_kind(ValueError("anything else")) == mw.OTHER
+
+
+def test_percentiles_are_nearest_rank():
+    values = [float(v) for v in range(1, 101)]
+    assert mw.percentile(values, 50) == 50.0
+    assert mw.percentile(values, 99) == 99.0
+    assert mw.percentile([3.0], 99) == 3.0
+    assert mw.percentile([], 50) is None
+
+
+def _writer_report(index, latencies, sessions, rewound=(), busy=0):
+    return {
+        "role": "writer",
+        "index": index,
+        "sessions": sessions,
+        "rewound": list(rewound),
+        "latencies": latencies,
+        "rewind_latencies": [0.001] * len(rewound),
+        "errors": {mw.BUSY: busy, mw.OTHER: 0},
+        "error_samples": [],
+        "rewind_errors": {mw.BUSY: 0, mw.OTHER: 0},
+        "session_errors": {mw.BUSY: 0, mw.OTHER: 0},
+        "other_samples": [],
+    }
+
+
+def test_a_cell_counts_only_the_appends_of_the_window_of_every_writer():
+    reports = [
+        _writer_report(0, [0.001] * 30, {"mw-0-0": list(range(40))}, busy=2),
+        _writer_report(1, [0.002] * 10, {"mw-1-0": list(range(40, 55))}, busy=1),
+        {
+            "role": "searcher",
+            "index": 0,
+            "latencies": [0.004] * 8,
+            "hits": 80,
+            "errors": {mw.BUSY: 0, mw.OTHER: 1},
+            "error_samples": ["X: y"],
+        },
+    ]
+    cell = mw.summarize(mw.SQLITE, 2, mw.Timing(warmup=1, seconds=2), reports)
+    assert cell["appends"] == 40  # the latencies (the window), not the ids (warm-up too)
+    assert cell["appends_per_writer"] == [30, 10]
+    assert cell["appends_per_s"] == 20.0
+    assert cell["errors"] == {mw.BUSY: 3, mw.OTHER: 0}
+    assert cell["append_p50_ms"] == 1.0
+    assert cell["append_p99_ms"] == 2.0
+    assert cell["search"]["searches"] == 8
+    assert cell["search"]["per_s"] == 4.0
+    assert cell["search"]["errors"] == {mw.BUSY: 0, mw.OTHER: 1}
+
+
+def test_the_row_check_finds_a_lost_row_a_stray_one_and_a_wrong_counter(tmp_path):
+    from hermes_store import migrate
+
+    path = tmp_path / "state.db"
+    migrate.upgrade(str(path))
+    url = mw.to_url(path)
+    with Store.open(url) as store:
+        store.create_session("mw-0-0", "cli")
+        ids = [
+            store.append_message("mw-0-0", NewMessage(role="user", content=f"m{i}"))
+            for i in range(5)
+        ]
+        store.set_message_flags(ids[-2:], active=False)
+    told = _writer_report(0, [], {"mw-0-0": ids}, rewound=ids[-2:])
+    assert mw.verify(url, [told]) == {
+        "sessions": 1,
+        "expected": 5,
+        "found": 5,
+        "lost": 0,
+        "unexpected": 0,
+        "counters_wrong": 0,
+        "rewind_wrong": 0,
+    }
+
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DELETE FROM messages WHERE id = ?", (ids[0],))
+        conn.execute(
+            "INSERT INTO messages (session_id, role, content, timestamp) "
+            "VALUES ('mw-0-0', 'user', 'stray', 0)"
+        )
+        conn.execute("UPDATE messages SET active = 1 WHERE id = ?", (ids[-1],))
+        conn.execute("UPDATE sessions SET message_count = 9 WHERE id = 'mw-0-0'")
+    conn.close()
+    checked = mw.verify(url, [told])
+    assert (checked["lost"], checked["unexpected"]) == (1, 1)
+    assert checked["counters_wrong"] == 1
+    assert checked["rewind_wrong"] == 1
+
+
+def _cells(backend, figures):
+    return [
+        {"backend": backend, "writers": n, "appends_per_s": rate} for n, rate in figures.items()
+    ]
+
+
+def test_the_crossover_sentence_names_the_first_count_where_postgresql_leads():
+    results = {
+        "not_measured": {},
+        "cells": _cells(mw.SQLITE, {1: 300, 2: 250, 4: 200, 8: 150})
+        + _cells(mw.POSTGRESQL, {1: 120, 2: 220, 4: 330, 8: 400}),
+    }
+    sentence = mw.crossover(results)
+    assert sentence.startswith("PostgreSQL overtakes SQLite in append throughput from 4 writers")
+    assert "330 against 200 appends/s at 4 writers" in sentence
+    assert "400 against 150 appends/s at 8 writers" in sentence
+
+    results["cells"] = _cells(mw.SQLITE, {1: 300, 8: 200}) + _cells(mw.POSTGRESQL, {1: 100, 8: 150})
+    assert mw.crossover(results).startswith("PostgreSQL does not overtake SQLite")
+    assert "150 against 200 appends/s at 8 writers" in mw.crossover(results)
+
+
+def test_a_database_not_measured_is_reported_with_its_reason(tmp_path: Path):
+    reason = "the Store API's writes fail on it (SyntaxError: near IMMEDIATE)"
+    results = {
+        "meta": {
+            "date": "d",
+            "platform": "p",
+            "cpus": 2,
+            "python": "3",
+            "commit": "c",
+            "loadavg_before": None,
+            "seed_messages": 10,
+            "session_length": 200,
+            "rewind_last": 3,
+            "rewind_every": 20,
+            "search_queries": ["a"],
+            "seconds": 1,
+            "warmup": 0,
+            "writers": [1],
+        },
+        "databases": {},
+        "not_measured": {mw.POSTGRESQL: reason},
+        "search_not_measured": {},
+        "cells": [],
+    }
+    results["crossover"] = mw.crossover(results)
+    markdown = mw.render_markdown(results)
+    assert f"| all | PostgreSQL | not measured: {reason} |" in markdown
+    assert "No comparison: PostgreSQL not measured" in markdown
