@@ -215,6 +215,21 @@ def test_postgresql_back_to_sqlite_passes_check(source: Path, pg_url: str, tmp_p
     assert checked.exit_code == 0, checked.output
     # The SQLite copy's own search answers as the original store's does.
     assert all(search.equal for search in verify_copy(str(source), str(back)).searches)
+    # And the legacy layout tools take it: the way back to the inline layout the legacy
+    # application writes, then FTS5's own integrity check and the application's query.
+    migrate.downgrade(str(back), "30")
+    migrate.downgrade(str(back), "fts@-1")
+    with contextlib.closing(sqlite3.connect(back)) as raw:
+        declaration = raw.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'messages_fts'"
+        ).fetchone()[0]
+        assert "content=" not in declaration  # inline again: the legacy layout
+        for index in ("messages_fts", "messages_fts_trigram"):
+            raw.execute(f"INSERT INTO {index}({index}, rank) VALUES ('integrity-check', 1)")
+        found = raw.execute(
+            "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'error'"
+        ).fetchone()[0]
+        assert found > 0
 
 
 @pytest.mark.postgresql
