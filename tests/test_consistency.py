@@ -621,39 +621,31 @@ class ServerIndexMachine(IndexMachine):
     def teardown(self) -> None:
         self.store.close()
 
-    @precondition(lambda self: self.rows)
-    @rule(data=st.data(), content=st.one_of(st.none(), texts))
-    def edit_content_as_the_legacy_application(self, data: st.DataObject, content: Any) -> None:
-        """On PostgreSQL: a plain UPDATE through the engine (ORM-free SQL)."""
+    def _update(self, data: st.DataObject, column: str, value: Any) -> None:
+        """A plain UPDATE of one column through the engine (ORM-free SQL)."""
         message_id = self._pick(data)
         with self.store.engine.begin() as conn:
             conn.execute(
-                text("UPDATE messages SET content = :c WHERE id = :i"),
-                {"c": content, "i": message_id},
+                text(f"UPDATE messages SET {column} = :v WHERE id = :i"),
+                {"v": value, "i": message_id},
             )
-        self.rows[message_id]["content"] = content
+        self.rows[message_id][column] = value
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), content=st.one_of(st.none(), texts))
+    def edit_content_as_the_legacy_application(self, data: st.DataObject, content: Any) -> None:
+        """On PostgreSQL there is no legacy application: a plain UPDATE."""
+        self._update(data, "content", content)
 
     @precondition(lambda self: self.rows)
     @rule(data=st.data(), tool_name=tool_names)
     def edit_tool_name(self, data: st.DataObject, tool_name: Any) -> None:
-        message_id = self._pick(data)
-        with self.store.engine.begin() as conn:
-            conn.execute(
-                text("UPDATE messages SET tool_name = :t WHERE id = :i"),
-                {"t": tool_name, "i": message_id},
-            )
-        self.rows[message_id]["tool_name"] = tool_name
+        self._update(data, "tool_name", tool_name)
 
     @precondition(lambda self: self.rows)
     @rule(data=st.data(), calls=tool_calls)
     def edit_tool_calls(self, data: st.DataObject, calls: Any) -> None:
-        message_id = self._pick(data)
-        with self.store.engine.begin() as conn:
-            conn.execute(
-                text("UPDATE messages SET tool_calls = :t WHERE id = :i"),
-                {"t": calls, "i": message_id},
-            )
-        self.rows[message_id]["tool_calls"] = calls
+        self._update(data, "tool_calls", calls)
 
     @precondition(lambda self: self.rows)
     @rule(data=st.data(), flag_values=flags)
