@@ -1038,10 +1038,11 @@ def optimize_storage(
 
 
 @contextlib.contextmanager
-def _backfill_bar(show: bool) -> Iterator[Callable[[backfill.BackfillProgress], None]]:
-    """A rich progress bar with an ETA on stderr, when it is a terminal."""
+def _rows_bar(show: bool, label: str) -> Iterator[Callable[[int, int | None, str], None]]:
+    """A rich progress bar of rows with an ETA on stderr, when it is a terminal; it yields
+    ``draw(rows_done, rows_total, description)``."""
     if not show:
-        yield lambda _progress: None
+        yield lambda _done, _total, _description: None
         return
     columns = (
         TextColumn("{task.description}"),
@@ -1051,12 +1052,19 @@ def _backfill_bar(show: bool) -> Iterator[Callable[[backfill.BackfillProgress], 
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=console(stderr=True), transient=True) as bar:
-        task = bar.add_task("indexing", total=None)
+        task = bar.add_task(label, total=None)
 
-        def draw(progress: backfill.BackfillProgress) -> None:
-            bar.update(task, completed=progress.rows_done, total=progress.rows_total or None)
+        def draw(done: int, total: int | None, description: str) -> None:
+            bar.update(task, description=description, completed=done, total=total or None)
 
         yield draw
+
+
+@contextlib.contextmanager
+def _backfill_bar(show: bool) -> Iterator[Callable[[backfill.BackfillProgress], None]]:
+    """The backfill's progress as a bar of rows."""
+    with _rows_bar(show, "indexing") as draw:
+        yield lambda progress: draw(progress.rows_done, progress.rows_total, "indexing")
 
 
 @main.command()
@@ -1536,29 +1544,9 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
 
 @contextlib.contextmanager
 def _copy_bar(show: bool) -> Iterator[Callable[[Any], None]]:
-    """A rich progress bar with an ETA on stderr, when it is a terminal."""
-    if not show:
-        yield lambda _progress: None
-        return
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("rows"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console(stderr=True), transient=True) as bar:
-        task = bar.add_task("copying", total=None)
-
-        def draw(progress: Any) -> None:
-            bar.update(
-                task,
-                description=f"copying {progress.table}",
-                completed=progress.rows,
-                total=progress.total or None,
-            )
-
-        yield draw
+    """The copy's progress as a bar of rows, named by the table being copied."""
+    with _rows_bar(show, "copying") as draw:
+        yield lambda progress: draw(progress.rows, progress.total, f"copying {progress.table}")
 
 
 @main.command("copy")

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, inspect, text
 
+from hermes_store import fts
 from hermes_store.engine import create_store_engine, display_url
 from hermes_store.errors import StoreBusy, StoreError
 from hermes_store.models import Base
@@ -165,10 +166,6 @@ def run_revisions(
         engine.dispose()
 
 
-#: state_meta key and value of the search layout (the fts1 revision records it).
-LAYOUT_MARKER = "hermes_store.fts_layout"
-
-
 def facts(conn: Connection) -> tuple[tuple[str, ...], int | None, str]:
     """Alembic revisions, application schema version and search layout of the database."""
     names = set(inspect(conn).get_table_names())
@@ -183,7 +180,7 @@ def facts(conn: Connection) -> tuple[tuple[str, ...], int | None, str]:
         version = int(found) if found is not None else None
     if "state_meta" in names:
         marker = conn.execute(
-            text("SELECT value FROM state_meta WHERE key = :key"), {"key": LAYOUT_MARKER}
+            text("SELECT value FROM state_meta WHERE key = :key"), {"key": fts.LAYOUT_MARKER}
         ).scalar()
         layout = str(marker) if marker else layout
     if conn.in_transaction():

@@ -144,13 +144,19 @@ def search_store(
     return results
 
 
+def _sanitized(query: str) -> str:
+    """The query as the contract sends it to an index; empty when there is nothing to search
+    (an empty or all-whitespace query, or nothing left after sanitising)."""
+    if not query or not query.strip():
+        return ""
+    return without_repeats(sanitize_query(query))
+
+
 def _search_on_server(
     conn: Connection, query: str, filters: _Filters, sort: str | None, page: tuple[int, int]
 ) -> SearchResults:
     """search_messages' answer on PostgreSQL (hermes_store.search.postgresql)."""
-    if not query or not query.strip():
-        return SearchResults()
-    sanitized = without_repeats(sanitize_query(query))
+    sanitized = _sanitized(query)
     if not sanitized:
         return SearchResults()
     route = _route(sanitized, trigram=True)  # both indexes exist at head (revision fts1)
@@ -162,9 +168,7 @@ def _search(
     on: _Runner, query: str, filters: _Filters, sort: str | None, page: tuple[int, int]
 ) -> SearchResults:
     """search_messages' answer, its statements run by ``on``."""
-    if not query or not query.strip():
-        return SearchResults()
-    sanitized = without_repeats(sanitize_query(query))
+    sanitized = _sanitized(query)
     if not sanitized:
         return SearchResults()
     state = _state(on)
