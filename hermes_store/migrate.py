@@ -1076,11 +1076,7 @@ def _refuse_deleting_data(path: Path | None, how: str) -> None:
             if table in tables:
                 held[table] = int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
     if any(held.values()):
-        raise StoreError(
-            "a downgrade to base drops every table: it would delete "
-            f"{held.get('sessions', 0)} session(s) and {held.get('messages', 0)} message(s). "
-            f"Nothing was changed. If that is what you want, back up first, then run {how}"
-        )
+        raise server.deleting_data_refused(held, how)
 
 
 def schema_differences(conn: Connection, revision: str) -> list[str]:

@@ -110,16 +110,21 @@ def held_rows(conn: Connection) -> dict[str, int]:
     return counts
 
 
+def deleting_data_refused(held: dict[str, int], how: str, backup: str = "") -> StoreError:
+    """The refusal of a downgrade to base that would delete the conversations ``held``
+    (SQLite's and PostgreSQL's alike; ``backup`` says how to back up, when not obvious)."""
+    return StoreError(
+        "a downgrade to base drops every table: it would delete "
+        f"{held.get('sessions', 0)} session(s) and {held.get('messages', 0)} message(s). "
+        f"Nothing was changed. If that is what you want, back up first{backup}, then run {how}"
+    )
+
+
 def refuse_deleting_data(conn: Connection, how: str) -> None:
     """Refuse a downgrade to base of a database that holds conversations."""
     held = held_rows(conn)
     if any(held.values()):
-        raise StoreError(
-            "a downgrade to base drops every table: it would delete "
-            f"{held.get('sessions', 0)} session(s) and {held.get('messages', 0)} message(s). "
-            f"Nothing was changed. If that is what you want, back up first (pg_dump), then "
-            f"run {how}"
-        )
+        raise deleting_data_refused(held, how, " (pg_dump)")
 
 
 def run_revisions(
