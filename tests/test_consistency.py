@@ -372,6 +372,18 @@ def word_tokens(text: str) -> set[str]:
     return set(re.findall(r"[^\W_]+", text.lower()))
 
 
+def replaced_row(session: str, content: str | None) -> dict[str, Any]:
+    """What the oracle holds for a message replaced by a bare user message."""
+    return {
+        "session_id": session,
+        "content": content,
+        "tool_name": None,
+        "tool_calls": None,
+        "active": 1,
+        "compacted": 0,
+    }
+
+
 class IndexMachine(RuleBasedStateMachine):
     """Random writes through the Store API, the engine and plain sqlite3; search vs oracle."""
 
@@ -492,14 +504,7 @@ class IndexMachine(RuleBasedStateMachine):
                 "VALUES (?, ?, 'user', ?, ?)",
                 (message_id, session, stored, self._tick()),
             )
-        self.rows[message_id] = {
-            "session_id": session,
-            "content": stored,
-            "tool_name": None,
-            "tool_calls": None,
-            "active": 1,
-            "compacted": 0,
-        }
+        self.rows[message_id] = replaced_row(session, stored)
 
     @precondition(lambda self: self.rows)
     @rule(data=st.data())
@@ -689,14 +694,7 @@ class ServerIndexMachine(IndexMachine):
                     },
                 )
             )
-        self.rows[message_id] = {
-            "session_id": session,
-            "content": stored,
-            "tool_name": None,
-            "tool_calls": None,
-            "active": 1,
-            "compacted": 0,
-        }
+        self.rows[message_id] = replaced_row(session, stored)
 
     @precondition(lambda self: self.rows)
     @rule(data=st.data())
