@@ -536,7 +536,10 @@ def _inspect_target(url: str, revision: tuple[str, ...]) -> _Plan:
 
 
 def _source_identity(url: str) -> str:
-    return display_url(url)
+    """How the copy marker names its source: a file by its name with every link resolved
+    (the URL keeps a linked directory as given), so a resumed copy may name it either way."""
+    path = db_path(url)
+    return display_url(url if path is None else to_url(os.path.realpath(path)))
 
 
 def _read_marker(markers: dict[str, str], key: str) -> dict[str, Any] | None:

@@ -39,6 +39,8 @@ ENV_HOME = "HERMES_HOME"
 DEFAULT_HOME = "~/.hermes"
 DB_FILENAME = "state.db"
 BUSY_TIMEOUT_MS = 30_000
+#: SQLite takes the busy timeout as a C int of milliseconds (about 24 days).
+MAX_BUSY_TIMEOUT_MS = 2**31 - 1
 #: Overrides BUSY_TIMEOUT_MS for engines built without an explicit ``busy_timeout_ms``.
 ENV_BUSY_TIMEOUT = "HERMES_STORE_BUSY_TIMEOUT_MS"
 #: Execution option naming the BEGIN flavour: "DEFERRED" (default), "IMMEDIATE", "EXCLUSIVE".
@@ -74,29 +76,64 @@ class WalUnavailableWarning(UserWarning):
 
 def hermes_home() -> Path:
     """Return ``$HERMES_HOME`` (default ``~/.hermes``) as an absolute path."""
-    return Path(os.environ.get(ENV_HOME) or DEFAULT_HOME).expanduser().resolve()
+    return Path(_absolute_name(os.environ.get(ENV_HOME) or DEFAULT_HOME))
 
 
-def to_url(path_or_url: str | os.PathLike[str]) -> str:
+def to_url(path_or_url: str | os.PathLike[str], *, resolve_link: bool = True) -> str:
     """Turn a file path or a SQLAlchemy URL into a SQLAlchemy URL string.
 
     The path is made absolute and escaped, so that a ``%`` or ``?`` in a directory name
     names that directory instead of being decoded or read as the URL's query string.
-    ``":memory:"`` gives an in-memory store.
+    ``":memory:"`` gives an in-memory store. A symbolic link as the file itself is
+    followed (SQLite keeps -wal / -shm next to its target) and a dangling one refused,
+    unless ``resolve_link`` is false (the caller looks at the file itself).
     """
     text = os.fspath(path_or_url)
     if "://" in text:
         return _supported_url(text)
     if text == ":memory:":
         return "sqlite://"
-    given = Path(text).expanduser()
-    if given.is_symlink() and not given.exists():
+    name = _absolute_name(text)
+    return _file_url(_link_followed(name) if resolve_link else name)
+
+
+def _absolute_name(text: str) -> str:
+    """``text`` (``~`` expanded) made absolute, looking at no directory on the way.
+
+    Through a linked directory a name made absolute this way (``os.path.abspath``) leads
+    to the same file, and to the same -wal and -shm, as the name with every link resolved;
+    the two differ only after a ``..``, which follows a linked directory to the target's
+    parent: such a name is resolved on disk (``os.path.realpath``). Resolving every name
+    took a system call per directory on each store open.
+    """
+    if text.startswith("~"):
+        text = os.path.expanduser(text)
+    if ".." in text:
+        return os.path.realpath(text)
+    return _normalized(text) if text.startswith("/") else os.path.abspath(text)
+
+
+#: An absolute name normalised (``//`` and ``/./`` taken out); kept, as each open takes it.
+_normalized = functools.lru_cache(maxsize=64)(os.path.normpath)
+
+
+def _link_followed(name: str, own: int | None = -1) -> str:
+    """The store file named ``name`` (absolute): a link as the file itself followed.
+
+    SQLite keeps -wal and -shm next to a linked file's target, so that is the name of
+    the store; a link to nothing is refused (the store must not be created through it).
+    ``own`` is the ``lstat`` mode of ``name`` when the caller has it.
+    """
+    if own == -1:
+        own = _mode(name, follow=False)
+    if own is None or not stat.S_ISLNK(own):
+        return name
+    if _mode(name, follow=True) is None:
         raise UnsafePath(
-            f"{given} is a symbolic link to {os.readlink(given)}, which does not exist; "
+            f"{name} is a symbolic link to {os.readlink(name)}, which does not exist; "
             "refusing to create a store through a dangling link. Point --db at the real file"
         )
-    # A link to an existing store is followed: SQLite keeps -wal / -shm next to its target.
-    return _file_url(str(given.resolve()))
+    return os.path.realpath(name)
 
 
 @functools.lru_cache(maxsize=64)
@@ -157,21 +194,27 @@ def display_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def resolve_url(explicit: str | os.PathLike[str] | None = None, *, create_home: bool = True) -> str:
+def resolve_url(
+    explicit: str | os.PathLike[str] | None = None,
+    *,
+    create_home: bool = True,
+    resolve_link: bool = True,
+) -> str:
     """Pick the store URL: explicit argument, then ``$HERMES_STORE_URL``, then the legacy default.
 
     The legacy default is ``<HERMES_HOME>/state.db``; its directory is created (mode 0700)
-    when ``create_home`` is true and it does not exist yet.
+    when ``create_home`` is true and it does not exist yet. ``resolve_link``: see
+    :func:`to_url`.
     """
     if explicit:
-        return to_url(explicit)
+        return to_url(explicit, resolve_link=resolve_link)
     env = os.environ.get(ENV_URL)
     if env:
-        return to_url(env)
+        return to_url(env, resolve_link=resolve_link)
     home = hermes_home()
     if create_home:
         make_private_dirs(home)
-    return to_url(home / DB_FILENAME)
+    return to_url(home / DB_FILENAME, resolve_link=resolve_link)
 
 
 @functools.lru_cache(maxsize=64)  # a URL always names the same file: each open asks
@@ -238,6 +281,19 @@ def _side_modes(path: Path) -> dict[str, int | None]:
                 "the link (nothing of the store is in it) and run the command again"
             )
     return modes
+
+
+def side_link_refusal(path: Path) -> UnsafePath | None:
+    """The refusal of a store with a symbolic link at a side file, or None if there is none.
+
+    What SQLite's "unable to open database file" means when such a link is the cause: it
+    opens side files with ``O_NOFOLLOW``, so it refuses them rather than write through.
+    """
+    try:
+        _side_modes(path)
+    except UnsafePath as refusal:
+        return refusal
+    return None
 
 
 def check_side_files(path: Path) -> None:
@@ -390,6 +446,9 @@ def translate_error(exc: BaseException, path: Path | None = None) -> StoreError 
             f"agent is idle, or wait longer with {ENV_BUSY_TIMEOUT}=MILLISECONDS"
         )
     if "unable to open database file" in lowered and path is not None:
+        refusal = side_link_refusal(path)
+        if refusal is not None:
+            return refusal
         problem = writable_problem(path)
         if problem is not None:
             return StoreReadOnly(
@@ -487,6 +546,9 @@ def _set_journal_mode(dbapi_connection: sqlite3.Connection, path: Path | None) -
             raise
         if is_disk_full(exc, path):  # no room for the -shm file: not a refusal of WAL
             raise disk_full_error(_full_disk_detail(exc), path) from exc
+        refusal = side_link_refusal(path) if path is not None else None
+        if refusal is not None:  # a link at -wal / -shm: SQLite would not open it
+            raise refusal from exc
         translated = translate_error(exc, path) if "readonly" in str(exc) else None
         if translated is not None:
             raise translated from exc
@@ -513,11 +575,25 @@ def default_busy_timeout_ms() -> int:
         value = int(raw)
     except ValueError:
         value = -1
-    if value < 0:
+    if not 0 <= value <= MAX_BUSY_TIMEOUT_MS:
         raise StoreError(
-            f"{ENV_BUSY_TIMEOUT}={raw!r}: expected a whole number of milliseconds (0 or more)"
+            f"{ENV_BUSY_TIMEOUT}={raw!r}: expected a whole number of milliseconds, from 0 to "
+            f"{MAX_BUSY_TIMEOUT_MS}"
         )
     return value
+
+
+def sqlite_timeout(busy_timeout_ms: int) -> float:
+    """``sqlite3.connect``'s ``timeout`` (seconds) that sets a busy timeout of exactly
+    ``busy_timeout_ms``: the module truncates ``timeout * 1000`` to whole milliseconds, so
+    half of one more is added (``1001 / 1000 * 1000`` is 1000.999...). Set there, the busy
+    timeout costs no statement of its own on each new connection.
+    """
+    if not 0 <= busy_timeout_ms <= MAX_BUSY_TIMEOUT_MS:
+        raise ValueError(
+            f"busy_timeout_ms must be from 0 to {MAX_BUSY_TIMEOUT_MS}, got {busy_timeout_ms}"
+        )
+    return (busy_timeout_ms + 0.5) / 1000
 
 
 def prepare_store_file(
@@ -526,36 +602,47 @@ def prepare_store_file(
     """Resolve a store's URL and make its file safe to open: ``(url, file or None)``.
 
     What every opening of a store does before SQLite sees the file (an engine's, or the
-    Store's own connections'): refuse a directory and symbolic links at -wal / -shm /
-    -journal, create a missing file (mode 0600) or, with ``create=False``, raise
+    Store's own connections'): follow a link as the file itself, refuse a directory,
+    create a missing file (mode 0600) or, with ``create=False``, raise
     :class:`StoreNotFound` creating nothing, and make the store's files private.
+
+    One system call in the usual case, the ``lstat`` of the store. Its -wal, -shm and
+    -journal files are looked at (made private, and a symbolic link there refused) only
+    when the store itself was not private or is new: SQLite creates them with the store's
+    own mode, so once the store is private, so is each one created after. A symbolic link
+    at one of them is never written through, whenever it appears: SQLite opens them with
+    ``O_NOFOLLOW`` and fails, and that failure is reported as the same :class:`UnsafePath`
+    (see :func:`translate_error`). Looking at the three every time cost a third as much as
+    the rest of a raw sqlite3 open's own work.
     """
     # A read-only open must not leave an empty HERMES_HOME behind either.
-    resolved = resolve_url(url, create_home=create)
+    resolved = resolve_url(url, create_home=create, resolve_link=False)
     path = db_path(resolved)
     if path is None:
         return resolved, None
     # Each file is looked at once (the checks' order and errors are those of pathlib's
     # is_dir(), is_symlink() and exists()).
     name = str(path)
-    own = _mode(name, follow=False)
-    mode = _mode(name, follow=True) if own is not None and stat.S_ISLNK(own) else own
+    own = mode = _mode(name, follow=False)
+    if own is not None and stat.S_ISLNK(own):  # the store is the link's target
+        name = _link_followed(name, own)
+        resolved, path = _file_url(name), Path(name)
+        own = mode = _mode(name, follow=False)
     if mode is not None and stat.S_ISDIR(mode):
         raise NotADatabase(f"{path} is a directory, not a database file; pass the file's path")
-    modes = {name: own, **_side_modes(path)}
     if mode is None:
         if not create:
             raise StoreNotFound(
                 f"{path}: no such database. Check --db / {ENV_URL}, or create it with "
                 "`hermes-store upgrade --create`."
             )
+        modes = _side_modes(path)  # a removed store's leftovers, before anything is created
         create_private_file(path)
-        with contextlib.suppress(OSError):
-            modes[name] = _mode(name, follow=False)
-    # Once per opening, before SQLite opens the file: the -wal, -shm and -journal files
-    # SQLite creates later take the store's own mode (0600 from here on), so its
-    # connections need not check again.
-    _tighten(modes)
+        _tighten(modes)
+    elif own is not None and stat.S_ISREG(own) and own & 0o077:
+        # Before SQLite opens the file: the side files it creates from here on take the
+        # store's own mode (0600), so later openings need not look at them.
+        _tighten({name: own, **_side_modes(path)})
     return resolved, path
 
 
@@ -597,26 +684,26 @@ def create_store_engine(
         # times over. `dispose()` (Store.close) closes them. An in-memory store lives as
         # long as its one connection, so that one is kept.
         poolclass=QueuePool if path is not None else StaticPool,
-        connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False},
+        connect_args={"timeout": sqlite_timeout(busy_timeout_ms), "check_same_thread": False},
     )
-    _install_listeners(engine, path, busy_timeout_ms=busy_timeout_ms, wal=wal)
+    _install_listeners(engine, path, wal=wal)
     return engine
 
 
 def configure_connection(
-    dbapi_connection: sqlite3.Connection, path: Path | None, *, busy_timeout_ms: int, wal: bool
+    dbapi_connection: sqlite3.Connection, path: Path | None, *, wal: bool
 ) -> None:
     """Set up a new sqlite3 connection to a store: what every connection of it runs first.
 
-    Transactions begun by the caller (the driver's own BEGIN is off), the busy timeout,
-    ``foreign_keys``, ``recursive_triggers`` and WAL, falling back to the rollback journal
-    with a :class:`WalUnavailableWarning` where the file system refuses it. Run on each
-    connection an engine opens, and on the Store's own (``hermes_store.prepared``).
+    Transactions begun by the caller (the driver's own BEGIN is off), ``foreign_keys``,
+    ``recursive_triggers`` and WAL, falling back to the rollback journal with a
+    :class:`WalUnavailableWarning` where the file system refuses it. Run on each
+    connection an engine opens, and on the Store's own (``hermes_store.prepared``). The
+    busy timeout is the connection's own, set when it was opened (:func:`sqlite_timeout`).
     """
     # Let SQLAlchemy (not the driver) decide where transactions start: required for
     # transactional DDL and SAVEPOINT with the stdlib driver.
     dbapi_connection.isolation_level = None
-    dbapi_connection.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
     dbapi_connection.execute("PRAGMA foreign_keys=ON")
     dbapi_connection.execute("PRAGMA recursive_triggers=ON")
     if wal:
@@ -723,12 +810,10 @@ def _create_server_engine(url: str, *, busy_timeout_ms: int, echo: bool) -> Engi
     return engine
 
 
-def _install_listeners(
-    engine: Engine, path: Path | None, *, busy_timeout_ms: int, wal: bool
-) -> None:
+def _install_listeners(engine: Engine, path: Path | None, *, wal: bool) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
-        configure_connection(dbapi_connection, path, busy_timeout_ms=busy_timeout_ms, wal=wal)
+        configure_connection(dbapi_connection, path, wal=wal)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:

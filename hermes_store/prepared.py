@@ -40,6 +40,7 @@ from hermes_store.engine import (
     configure_connection,
     create_store_engine,
     redact_server_error,
+    sqlite_timeout,
     translate_server_error,
 )
 from hermes_store.models import from_server_text, to_server_text
@@ -379,9 +380,7 @@ class StoreConnections:
         args, kwargs = self._connect_args
         connection = sqlite3.connect(*args, **kwargs)
         try:
-            configure_connection(
-                connection, self.path, busy_timeout_ms=self.busy_timeout_ms, wal=self.wal
-            )
+            configure_connection(connection, self.path, wal=self.wal)
         except BaseException:
             connection.close()
             raise
@@ -425,7 +424,7 @@ def _connect_args(url: str, busy_timeout_ms: int) -> tuple[tuple[Any, ...], dict
     rest), then the engine's ``connect_args``.
     """
     args, kwargs = _DIALECT.create_connect_args(make_url(url))
-    kwargs = {**kwargs, "timeout": busy_timeout_ms / 1000, "check_same_thread": False}
+    kwargs = {**kwargs, "timeout": sqlite_timeout(busy_timeout_ms), "check_same_thread": False}
     return tuple(args), kwargs
 
 

@@ -301,6 +301,19 @@ def test_a_stopped_copy_to_postgresql_resumes(source: Path, pg_url: str) -> None
     assert _rows(pg_url, "messages") == _rows(str(source), "messages")
 
 
+def test_a_copy_resumes_through_another_name_of_its_source(source: Path, tmp_path: Path) -> None:
+    """A source named through a linked directory is the same source on resume."""
+    target = tmp_path / "target.db"
+    linked = tmp_path / "linked"
+    linked.symlink_to(source.parent, target_is_directory=True)
+    with pytest.raises(Stop):
+        copy_store(str(source), str(target), batch_rows=BATCH, progress=_stop_after(2))
+    result = copy_store(str(linked / source.name), str(target), batch_rows=BATCH)
+    assert result.resumed
+    assert result.verification.ok, result.verification.as_dict()
+    assert _rows(str(target), "messages") == _rows(str(source), "messages")
+
+
 def test_resuming_from_another_source_is_refused(
     source: Path, tmp_path: Path, template: Path
 ) -> None:

@@ -354,6 +354,25 @@ def test_an_existing_readable_store_and_its_wal_files_are_tightened(
         holder.close()
 
 
+def test_side_files_created_next_to_a_private_store_are_private_whatever_the_umask(
+    db_file: Path, umask_022: None
+) -> None:
+    """Why opening a private store need not look at its -wal / -shm: SQLite gives the side
+    files it creates the store's own mode, whoever creates them (here a plain sqlite3
+    writer under umask 022, as the legacy application runs)."""
+    create_store_engine(db_file).dispose()
+    assert _mode(db_file) == 0o600
+    writer = sqlite3.connect(db_file)
+    try:
+        writer.execute("PRAGMA journal_mode=WAL")
+        writer.execute("CREATE TABLE t(a)")
+        writer.commit()
+        for suffix in ("-wal", "-shm"):
+            assert _mode(db_file.with_name(db_file.name + suffix)) == 0o600, suffix
+    finally:
+        writer.close()
+
+
 # -- transactions --------------------------------------------------------------------
 
 

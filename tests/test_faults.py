@@ -50,7 +50,13 @@ from sqlalchemy import Engine, event
 
 from alembic import command as alembic_command
 from hermes_store import backfill, maintenance, migrate
-from hermes_store.engine import ENV_BUSY_TIMEOUT, WalUnavailableWarning, create_store_engine
+from hermes_store.engine import (
+    ENV_BUSY_TIMEOUT,
+    WalUnavailableWarning,
+    create_store_engine,
+    db_path,
+    to_url,
+)
 from hermes_store.errors import (
     DiskFull,
     NotEnoughFreeSpace,
@@ -1022,8 +1028,19 @@ def test_a_symlink_planted_at_a_side_file_is_refused_and_its_target_untouched(
     assert_clean_failure(cli(*command, "--db", path), "symbolic link", side)
     assert victim.read_text() == "precious\n"
     assert fingerprint(path) == before
-    with pytest.raises(UnsafePath):
-        create_store_engine(path)
+    # Refused when SQLite first opens that side file (a write, at the latest).
+    with pytest.raises(UnsafePath, match=side):
+        _write_through_an_engine(path)
+    assert victim.read_text() == "precious\n"
+
+
+def _write_through_an_engine(path: Path) -> None:
+    engine = create_store_engine(path)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO state_meta (key, value) VALUES ('k', 'v')")
+    finally:
+        engine.dispose()
 
 
 def test_a_symlinked_store_is_followed_and_its_side_files_live_next_to_the_target(
@@ -1040,6 +1057,38 @@ def test_a_symlinked_store_is_followed_and_its_side_files_live_next_to_the_targe
     assert scalar(real, "SELECT version FROM schema_version") == 30
     assert not list(link.parent.glob("state.db-*"))
     assert fts_problems(real) == {}
+
+
+def test_a_store_in_a_linked_directory_is_the_same_store_and_its_side_files_are_checked(
+    small_templates: dict[str, Path], tmp_path: Path
+) -> None:
+    (tmp_path / "data").mkdir()
+    real = copy_store(small_templates["legacy"], tmp_path / "data" / "state.db")
+    (tmp_path / "home").symlink_to(tmp_path / "data", target_is_directory=True)
+    through = tmp_path / "home" / "state.db"
+    assert db_path(to_url(through)) == through  # the name given, not resolved
+    proc = cli("upgrade", "--db", through)
+    assert proc.returncode == 0, proc
+    assert scalar(real, "SELECT version FROM schema_version") == 30
+    assert fts_problems(real) == {}
+    # The -wal through the linked directory is the target's: a link there is refused.
+    (tmp_path / "data" / "state.db-wal").symlink_to(tmp_path / "elsewhere")
+    assert_clean_failure(cli("stats", "--db", through), "symbolic link")
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_dot_dot_after_a_linked_directory_leads_to_the_targets_parent(
+    small_templates: dict[str, Path], tmp_path: Path
+) -> None:
+    (tmp_path / "data" / "inner").mkdir(parents=True)
+    real = copy_store(small_templates["legacy"], tmp_path / "data" / "state.db")
+    (tmp_path / "home").symlink_to(tmp_path / "data" / "inner", target_is_directory=True)
+    given = f"{tmp_path}/home/../state.db"  # read without the disk: {tmp_path}/state.db
+    assert db_path(to_url(given)) == real
+    proc = cli("upgrade", "--db", given)
+    assert proc.returncode == 0, proc
+    assert scalar(real, "SELECT version FROM schema_version") == 30
+    assert not (tmp_path / "state.db").exists()
 
 
 def test_a_dangling_symlink_is_not_followed_to_create_a_store(tmp_path: Path) -> None:
