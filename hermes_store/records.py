@@ -17,6 +17,25 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 R = TypeVar("R")
+T = TypeVar("T", bound=type)
+
+
+def _fields_in_a_base(cls: T) -> T:
+    """The record class, its fields' slots moved to a base class of their own.
+
+    Applied under ``@dataclass(frozen=True, slots=True)``, which then adds no slots of its
+    own. :func:`row_reader` fills instances of a twin of that base and makes them records
+    by changing their class: between two classes whose slots live in one shared base, that
+    change is a check of the base, where two unrelated classes with the same slots had
+    their slot lists compared (80 ns of the 470 ns a 26-field message record cost).
+    """
+    base = type(
+        f"_{cls.__name__}Fields",
+        (),
+        {"__slots__": tuple(cls.__annotations__), "__module__": cls.__module__},
+    )
+    namespace = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+    return type(cls.__name__, (base,), namespace)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -51,6 +70,7 @@ class SessionSummary:
 
 
 @dataclass(frozen=True, slots=True)
+@_fields_in_a_base
 class AgentSessionRecord:
     """Every column of one agent session (a `sessions` row) as the store held it."""
 
@@ -124,6 +144,7 @@ class AgentSessionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+@_fields_in_a_base
 class MessageRecord:
     """Every column of one message (a `messages` row) as the store held it.
 
@@ -165,12 +186,13 @@ class MessageRecord:
 def row_reader(record: type[R]) -> Callable[[Iterable[Sequence[Any]]], list[R]]:
     """A function that turns rows (one value per field, in order) into ``record`` objects.
 
-    The same records as ``record(*row)``, about seven times faster: the ``__init__`` of a
+    The same records as ``record(*row)``, about eight times faster: the ``__init__`` of a
     frozen dataclass sets each field through ``object.__setattr__`` (1.7 us for the 26 of
     a message here, as much as SQLite takes to read the row). Each row instead fills an
     instance of a plain twin class with the same fields (and slots), whose ``__init__``
     unpacks the row into them (the rows are mapped to it in C), and each instance then
-    becomes a ``record``: frozen, equal and hashed as any other.
+    becomes a ``record``: frozen, equal and hashed as any other. The twin of a record made
+    with :func:`_fields_in_a_base` shares that base, which makes the last step cheaper.
     """
     targets = ", ".join(f"self.{f.name}" for f in fields(record))  # type: ignore[arg-type]
     namespace: dict[str, Any] = {}
@@ -178,9 +200,15 @@ def row_reader(record: type[R]) -> Callable[[Iterable[Sequence[Any]]], list[R]]:
     # __init__ methods (the names are the record's own fields, nothing from outside).
     exec(f"def __init__(self, row):\n    {targets}, = row\n", namespace)  # noqa: S102
     body: dict[str, Any] = {"__init__": namespace["__init__"]}
-    if "__slots__" in record.__dict__:
-        body["__slots__"] = record.__dict__["__slots__"]
-    twin = type(f"_{record.__name__}Row", (), body)
+    base = record.__mro__[1]
+    if base.__name__ == f"_{record.__name__}Fields":
+        bases: tuple[type, ...] = (base,)
+        body["__slots__"] = ()
+    else:
+        bases = ()
+        if "__slots__" in record.__dict__:
+            body["__slots__"] = record.__dict__["__slots__"]
+    twin = type(f"_{record.__name__}Row", bases, body)
 
     def read(rows: Iterable[Sequence[Any]]) -> list[R]:
         made: list[Any] = list(map(twin, rows))
