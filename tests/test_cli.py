@@ -890,10 +890,12 @@ def test_locked_store_in_a_real_process(
     assert invoke_json("current", "--db", legacy_store)["revision"] is None
 
 
+@pytest.mark.parametrize("setting", ["soon", "-1", str(2**31)])
 def test_a_bad_busy_timeout_setting_is_one_line(
-    head_store: Path, monkeypatch: pytest.MonkeyPatch
+    setting: str, head_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(ENV_BUSY_TIMEOUT, "soon")
+    # 2**31 ms does not fit the C int SQLite takes the busy timeout as.
+    monkeypatch.setenv(ENV_BUSY_TIMEOUT, setting)
     assert_one_line_error(invoke("stats", "--db", head_store, expect=None), ENV_BUSY_TIMEOUT)
 
 

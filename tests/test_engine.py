@@ -237,11 +237,13 @@ def test_connection_pragmas_are_in_force(engine: Engine) -> None:
         raw.close()
 
 
-def test_busy_timeout_and_wal_are_configurable(db_file: Path) -> None:
-    engine = create_store_engine(db_file, busy_timeout_ms=1234, wal=False)
+# 1001 / 1000 * 1000 is 1000.999...: sqlite3.connect's timeout must not lose the millisecond.
+@pytest.mark.parametrize("busy_ms", [1001, 1234])
+def test_busy_timeout_and_wal_are_configurable(db_file: Path, busy_ms: int) -> None:
+    engine = create_store_engine(db_file, busy_timeout_ms=busy_ms, wal=False)
     try:
         with engine.connect() as conn:
-            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 1234
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == busy_ms
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "delete"
     finally:
         engine.dispose()
