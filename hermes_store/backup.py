@@ -42,6 +42,7 @@ def backup(
         raise StoreError("an in-memory store has no file to back up")
     if not source.is_file():
         raise StoreNotFound(f"{source}: no such store to back up")
+    check_side_files(source)  # SQLite's backup API reports a link there only vaguely
     engine = create_store_engine(resolved, create=False, wal=False)
     try:
         raw = engine.raw_connection()

@@ -103,14 +103,19 @@ def _absolute_name(text: str) -> str:
     Through a linked directory a name made absolute this way (``os.path.abspath``) leads
     to the same file, and to the same -wal and -shm, as the name with every link resolved;
     the two differ only after a ``..``, which follows a linked directory to the target's
-    parent: such a name is resolved on disk (``os.path.realpath``). Resolving every name
-    took a system call per directory on each store open.
+    parent: such a name has its directories resolved on disk (``os.path.realpath``).
+    Resolving every name took a system call per directory on each store open.
     """
     if text.startswith("~"):
         text = os.path.expanduser(text)
-    if ".." in text:
+    if ".." not in text.split("/"):
+        return _normalized(text) if text.startswith("/") else os.path.abspath(text)
+    # The directories resolved, not the last name: a link there is the caller's to
+    # follow or refuse (a dangling one must not be followed to create a store).
+    head, tail = os.path.split(text)
+    if tail in ("", ".", ".."):
         return os.path.realpath(text)
-    return _normalized(text) if text.startswith("/") else os.path.abspath(text)
+    return os.path.join(os.path.realpath(head or "."), tail)
 
 
 #: An absolute name normalised (``//`` and ``/./`` taken out); kept, as each open takes it.
@@ -251,21 +256,25 @@ def side_files(path: Path) -> list[Path]:
 _NO_SUCH_FILE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 
 
-def _mode(name: str, *, follow: bool) -> int | None:
-    """``st_mode`` of ``name`` (of a link itself unless ``follow``), or None where pathlib
-    would say it does not exist. One system call and no Path built: opening a store looks
-    at the store and its three side files, where pathlib's is_dir(), is_symlink(), exists()
-    and is_file() took up to 15 system calls (now 4) and about 35 us, a tenth of what a raw
-    sqlite3 open costs.
+def _stat(name: str, *, follow: bool) -> os.stat_result | None:
+    """``stat`` of ``name`` (of a link itself unless ``follow``), or None where pathlib
+    would say it does not exist. One system call and no Path built: pathlib's is_dir(),
+    is_symlink(), exists() and is_file() took up to 15 system calls to open a store.
     """
     try:
-        return (os.stat if follow else os.lstat)(name).st_mode
+        return (os.stat if follow else os.lstat)(name)
     except OSError as exc:
         if exc.errno in _NO_SUCH_FILE:
             return None
         raise
     except ValueError:
         return None
+
+
+def _mode(name: str, *, follow: bool) -> int | None:
+    """``st_mode`` of ``name`` (see :func:`_stat`), or None."""
+    found = _stat(name, follow=follow)
+    return None if found is None else found.st_mode
 
 
 def _side_modes(path: Path) -> dict[str, int | None]:
@@ -606,14 +615,16 @@ def prepare_store_file(
     create a missing file (mode 0600) or, with ``create=False``, raise
     :class:`StoreNotFound` creating nothing, and make the store's files private.
 
-    One system call in the usual case, the ``lstat`` of the store. Its -wal, -shm and
-    -journal files are looked at (made private, and a symbolic link there refused) only
-    when the store itself was not private or is new: SQLite creates them with the store's
-    own mode, so once the store is private, so is each one created after. A symbolic link
-    at one of them is never written through, whenever it appears: SQLite opens them with
-    ``O_NOFOLLOW`` and fails, and that failure is reported as the same :class:`UnsafePath`
-    (see :func:`translate_error`). Looking at the three every time cost a third as much as
-    the rest of a raw sqlite3 open's own work.
+    Its -wal, -shm and -journal files are looked at (made private, a symbolic link there
+    refused) the first time this process opens the store, and again whenever the store
+    itself is new or readable by others; other openings make one system call, the
+    ``lstat`` of the store (looking at the three every time cost a third as much as the
+    rest of a raw sqlite3 open's own work). That is enough because SQLite creates side
+    files with the store's own mode, so a private store's are private, and opens them with
+    ``O_NOFOLLOW`` (checked on 3.40): a link planted later is never written through, and
+    the failure is reported as the same :class:`UnsafePath` (:func:`translate_error`, the
+    engine's error hook, the Store's connections). With an older SQLite every opening
+    looks at them.
     """
     # A read-only open must not leave an empty HERMES_HOME behind either.
     resolved = resolve_url(url, create_home=create, resolve_link=False)
@@ -623,14 +634,14 @@ def prepare_store_file(
     # Each file is looked at once (the checks' order and errors are those of pathlib's
     # is_dir(), is_symlink() and exists()).
     name = str(path)
-    own = mode = _mode(name, follow=False)
-    if own is not None and stat.S_ISLNK(own):  # the store is the link's target
-        name = _link_followed(name, own)
+    found = _stat(name, follow=False)
+    if found is not None and stat.S_ISLNK(found.st_mode):  # the store is the link's target
+        name = _link_followed(name, found.st_mode)
         resolved, path = _file_url(name), Path(name)
-        own = mode = _mode(name, follow=False)
-    if mode is not None and stat.S_ISDIR(mode):
+        found = _stat(name, follow=False)
+    if found is not None and stat.S_ISDIR(found.st_mode):
         raise NotADatabase(f"{path} is a directory, not a database file; pass the file's path")
-    if mode is None:
+    if found is None:
         if not create:
             raise StoreNotFound(
                 f"{path}: no such database. Check --db / {ENV_URL}, or create it with "
@@ -638,12 +649,30 @@ def prepare_store_file(
             )
         modes = _side_modes(path)  # a removed store's leftovers, before anything is created
         create_private_file(path)
+        # Another process may have created it first: then it is tightened like any other.
+        with contextlib.suppress(OSError):
+            modes[name] = _mode(name, follow=False)
         _tighten(modes)
-    elif own is not None and stat.S_ISREG(own) and own & 0o077:
+        return resolved, path
+    own = found.st_mode
+    seen = (name, found.st_dev, found.st_ino)
+    if seen not in _SIDES_LOOKED_AT or own & 0o077 or not _SQLITE_REFUSES_SIDE_LINKS:
         # Before SQLite opens the file: the side files it creates from here on take the
-        # store's own mode (0600), so later openings need not look at them.
+        # store's own mode (0600).
         _tighten({name: own, **_side_modes(path)})
+        if len(_SIDES_LOOKED_AT) >= _SIDES_LOOKED_AT_MAX:
+            _SIDES_LOOKED_AT.clear()
+        _SIDES_LOOKED_AT.add(seen)
     return resolved, path
+
+
+#: The stores (name, device, inode) whose side files this process has looked at; a store
+#: replaced by another file is looked at again.
+_SIDES_LOOKED_AT: set[tuple[str, int, int]] = set()
+_SIDES_LOOKED_AT_MAX = 1024
+#: Whether SQLite opens side files with O_NOFOLLOW (checked on 3.40.1; older builds are
+#: not trusted with it, and every opening then looks at the side files).
+_SQLITE_REFUSES_SIDE_LINKS = sqlite3.sqlite_version_info >= (3, 40, 0)
 
 
 def create_store_engine(
@@ -825,7 +854,12 @@ def _install_listeners(engine: Engine, path: Path | None, *, wal: bool) -> None:
 
     @event.listens_for(engine, "handle_error")
     def _on_error(context: ExceptionContext) -> BaseException | None:
-        return _name_full_disk(context, path)
+        full = _name_full_disk(context, path)
+        if full is not None or path is None:
+            return full
+        if "unable to open database file" in str(context.original_exception):
+            return side_link_refusal(path)  # a link planted at a side file since opening
+        return None
 
 
 def _name_full_disk(context: ExceptionContext, path: Path | None) -> DiskFull | None:

@@ -40,6 +40,7 @@ from hermes_store.engine import (
     configure_connection,
     create_store_engine,
     redact_server_error,
+    side_link_refusal,
     sqlite_timeout,
     translate_server_error,
 )
@@ -202,6 +203,11 @@ class Driver:
         try:
             return self.connection.execute(sql, params)
         except sqlite3.Error as exc:
+            path = getattr(self.owner, "path", None)
+            if isinstance(path, Path) and "unable to open database file" in str(exc):
+                refusal = side_link_refusal(path)  # a link planted at a side file
+                if refusal is not None:
+                    raise refusal from exc
             raise DBAPIError.instance(
                 sql,
                 params,

@@ -50,6 +50,7 @@ from sqlalchemy import Engine, event
 
 from alembic import command as alembic_command
 from hermes_store import backfill, maintenance, migrate
+from hermes_store.backup import backup
 from hermes_store.engine import (
     ENV_BUSY_TIMEOUT,
     WalUnavailableWarning,
@@ -1032,6 +1033,51 @@ def test_a_symlink_planted_at_a_side_file_is_refused_and_its_target_untouched(
     with pytest.raises(UnsafePath, match=side):
         _write_through_an_engine(path)
     assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("side", ["-wal", "-shm"])
+@pytest.mark.parametrize("way", ["store", "engine", "backup"])
+def test_a_side_file_link_planted_after_this_process_opened_the_store_is_refused(
+    side: str, way: str, small_templates: dict[str, Path], tmp_path: Path
+) -> None:
+    """Opening looks at the side files once per process: a link planted later is refused
+    by SQLite (O_NOFOLLOW) at the next use, and named as at the first opening. The store
+    is in rollback-journal mode (as a restored backup is), so the failure comes at a
+    statement, not while the connection is set up."""
+    path = copy_store(small_templates["head"], tmp_path / "state.db")
+    with Store.open(path) as store:  # this process has now looked at its side files
+        store.list_sessions()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA journal_mode=DELETE")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    Path(f"{path}{side}").symlink_to(victim)
+    uses: dict[str, Callable[[], object]] = {
+        "store": lambda: _create_session_through_the_store(path),
+        "engine": lambda: _write_through_an_engine(path),
+        "backup": lambda: backup(str(path), tmp_path / "copy.db"),
+    }
+    with pytest.raises(UnsafePath, match=side):
+        uses[way]()
+    assert victim.read_text() == "precious\n"
+
+
+def _create_session_through_the_store(path: Path) -> None:
+    with Store.open(path) as store:
+        store.create_session("planted", "cli")
+
+
+def test_a_dangling_link_reached_through_dot_dot_is_not_followed_to_create_a_store(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "sub").mkdir()
+    target = tmp_path / "elsewhere" / "created-through-the-link.db"
+    target.parent.mkdir()
+    (tmp_path / "state.db").symlink_to(target)
+    assert_clean_failure(
+        cli("upgrade", "--create", "--db", f"{tmp_path}/sub/../state.db"), "symbolic link"
+    )
+    assert not target.exists()
 
 
 def _write_through_an_engine(path: Path) -> None:
