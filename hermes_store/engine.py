@@ -122,15 +122,13 @@ def _absolute_name(text: str) -> str:
 _normalized = functools.lru_cache(maxsize=64)(os.path.normpath)
 
 
-def _link_followed(name: str, own: int | None = -1) -> str:
+def _link_followed(name: str) -> str:
     """The store file named ``name`` (absolute): a link as the file itself followed.
 
     SQLite keeps -wal and -shm next to a linked file's target, so that is the name of
     the store; a link to nothing is refused (the store must not be created through it).
-    ``own`` is the ``lstat`` mode of ``name`` when the caller has it.
     """
-    if own == -1:
-        own = _mode(name, follow=False)
+    own = _mode(name, follow=False)
     if own is None or not stat.S_ISLNK(own):
         return name
     if _mode(name, follow=True) is None:
@@ -292,12 +290,15 @@ def _side_modes(path: Path) -> dict[str, int | None]:
     return modes
 
 
-def side_link_refusal(path: Path) -> UnsafePath | None:
-    """The refusal of a store with a symbolic link at a side file, or None if there is none.
+def side_link_refusal(exc: BaseException, path: Path | None) -> UnsafePath | None:
+    """The refusal naming a symbolic link at a side file of the store at ``path``, when
+    that link is why SQLite failed with ``exc``; else None.
 
-    What SQLite's "unable to open database file" means when such a link is the cause: it
-    opens side files with ``O_NOFOLLOW``, so it refuses them rather than write through.
+    SQLite opens side files with ``O_NOFOLLOW``: a link planted there makes it fail with
+    "unable to open database file" rather than write through it.
     """
+    if path is None or "unable to open database file" not in str(exc).lower():
+        return None
     try:
         _side_modes(path)
     except UnsafePath as refusal:
@@ -455,7 +456,7 @@ def translate_error(exc: BaseException, path: Path | None = None) -> StoreError 
             f"agent is idle, or wait longer with {ENV_BUSY_TIMEOUT}=MILLISECONDS"
         )
     if "unable to open database file" in lowered and path is not None:
-        refusal = side_link_refusal(path)
+        refusal = side_link_refusal(exc, path)
         if refusal is not None:
             return refusal
         problem = writable_problem(path)
@@ -555,7 +556,7 @@ def _set_journal_mode(dbapi_connection: sqlite3.Connection, path: Path | None) -
             raise
         if is_disk_full(exc, path):  # no room for the -shm file: not a refusal of WAL
             raise disk_full_error(_full_disk_detail(exc), path) from exc
-        refusal = side_link_refusal(path) if path is not None else None
+        refusal = side_link_refusal(exc, path)
         if refusal is not None:  # a link at -wal / -shm: SQLite would not open it
             raise refusal from exc
         translated = translate_error(exc, path) if "readonly" in str(exc) else None
@@ -605,6 +606,15 @@ def sqlite_timeout(busy_timeout_ms: int) -> float:
     return (busy_timeout_ms + 0.5) / 1000
 
 
+#: The stores (name, device, inode) whose side files this process has looked at; a store
+#: replaced by another file is looked at again.
+_SIDES_LOOKED_AT: set[tuple[str, int, int]] = set()
+_SIDES_LOOKED_AT_MAX = 1024
+#: Whether SQLite opens side files with O_NOFOLLOW (checked on 3.40.1; older builds are
+#: not trusted with it, and every opening then looks at the side files).
+_SQLITE_REFUSES_SIDE_LINKS = sqlite3.sqlite_version_info >= (3, 40, 0)
+
+
 def prepare_store_file(
     url: str | os.PathLike[str] | None, *, create: bool = True
 ) -> tuple[str, Path | None]:
@@ -636,7 +646,7 @@ def prepare_store_file(
     name = str(path)
     found = _stat(name, follow=False)
     if found is not None and stat.S_ISLNK(found.st_mode):  # the store is the link's target
-        name = _link_followed(name, found.st_mode)
+        name = _link_followed(name)
         resolved, path = _file_url(name), Path(name)
         found = _stat(name, follow=False)
     if found is not None and stat.S_ISDIR(found.st_mode):
@@ -664,15 +674,6 @@ def prepare_store_file(
             _SIDES_LOOKED_AT.clear()
         _SIDES_LOOKED_AT.add(seen)
     return resolved, path
-
-
-#: The stores (name, device, inode) whose side files this process has looked at; a store
-#: replaced by another file is looked at again.
-_SIDES_LOOKED_AT: set[tuple[str, int, int]] = set()
-_SIDES_LOOKED_AT_MAX = 1024
-#: Whether SQLite opens side files with O_NOFOLLOW (checked on 3.40.1; older builds are
-#: not trusted with it, and every opening then looks at the side files).
-_SQLITE_REFUSES_SIDE_LINKS = sqlite3.sqlite_version_info >= (3, 40, 0)
 
 
 def create_store_engine(
@@ -855,11 +856,10 @@ def _install_listeners(engine: Engine, path: Path | None, *, wal: bool) -> None:
     @event.listens_for(engine, "handle_error")
     def _on_error(context: ExceptionContext) -> BaseException | None:
         full = _name_full_disk(context, path)
-        if full is not None or path is None:
+        if full is not None:
             return full
-        if "unable to open database file" in str(context.original_exception):
-            return side_link_refusal(path)  # a link planted at a side file since opening
-        return None
+        # A link planted at a side file since the store was opened.
+        return side_link_refusal(context.original_exception, path)
 
 
 def _name_full_disk(context: ExceptionContext, path: Path | None) -> DiskFull | None:

@@ -203,11 +203,10 @@ class Driver:
         try:
             return self.connection.execute(sql, params)
         except sqlite3.Error as exc:
-            path = getattr(self.owner, "path", None)
-            if isinstance(path, Path) and "unable to open database file" in str(exc):
-                refusal = side_link_refusal(path)  # a link planted at a side file
-                if refusal is not None:
-                    raise refusal from exc
+            # A link planted at a side file of the Store's own file (StoreConnections).
+            refusal = side_link_refusal(exc, getattr(self.owner, "path", None))
+            if refusal is not None:
+                raise refusal from exc
             raise DBAPIError.instance(
                 sql,
                 params,

@@ -201,7 +201,7 @@ def row_reader(record: type[R]) -> Callable[[Iterable[Sequence[Any]]], list[R]]:
     exec(f"def __init__(self, row):\n    {targets}, = row\n", namespace)  # noqa: S102
     body: dict[str, Any] = {"__init__": namespace["__init__"]}
     base = record.__mro__[1]
-    if base.__name__ == f"_{record.__name__}Fields":
+    if base.__dict__.get("__slots__") == tuple(f.name for f in fields(record)):  # type: ignore[arg-type]
         bases: tuple[type, ...] = (base,)
         body["__slots__"] = ()
     else:
