@@ -1042,8 +1042,8 @@ def test_a_side_file_link_planted_after_this_process_opened_the_store_is_refused
 ) -> None:
     """Opening looks at the side files once per process: a link planted later is refused
     by SQLite (O_NOFOLLOW) at the next use, and named as at the first opening. The store
-    is in rollback-journal mode (as a restored backup is), so the failure comes at a
-    statement, not while the connection is set up."""
+    is in rollback-journal mode (as a restored backup is): a -wal link fails while the
+    connection is set up (entering WAL), a -shm link only at the first statement."""
     path = copy_store(small_templates["head"], tmp_path / "state.db")
     with Store.open(path) as store:  # this process has now looked at its side files
         store.list_sessions()
