@@ -1,6 +1,6 @@
 """Build every benchmarked search layout from one generated corpus.
 
-The inline legacy store (schema 21, unversioned, as the legacy application leaves it) is
+The inline legacy store (schema 30, unversioned, as the legacy application leaves it) is
 built once per corpus; every other layout starts as a copy of it:
 
 - ``external``: ``migrate.upgrade`` to head (the in-place path, index data reused);
@@ -13,6 +13,14 @@ built once per corpus; every other layout starts as a copy of it:
     triggers that skip those rows;
   - ``trigram-detail-column``: the trigram index declared with ``detail=column``;
   - ``no-trigram``: no trigram index at all (CJK queries fall back to LIKE scans).
+
+Two more stores serve the flag-update comparison only (:data:`FLAG_LAYOUTS`): the same
+corpus written at schema 21, whose FTS5 update triggers fire on every update of a
+message, as the application's triggers did up to schema 29 (``inline-21``), and a copy of
+it converted in place with the relational schema kept at 21, as ``hermes-store upgrade
+--app-version 21`` leaves an operator's store (``external-21``). At schema 30 the
+application's own triggers leave flag updates out of the index, so there the two layouts
+do the same work for them.
 
 Every finished store is VACUUMed and its WAL truncated, so a plain file copy is a store.
 """
@@ -37,20 +45,28 @@ REBUILD = "external-rebuild"
 NOTOOL = "trigram-notool"
 DETAIL_COLUMN = "trigram-detail-column"
 NO_TRIGRAM = "no-trigram"
+INLINE_21 = "inline-21"
+EXTERNAL_21 = "external-21"
 
 #: Every layout, the reference (inline) first.
 LAYOUTS: tuple[str, ...] = (INLINE, EXTERNAL, REBUILD, NOTOOL, DETAIL_COLUMN, NO_TRIGRAM)
 #: Layouts an upgrade can produce; the others are for comparison only.
 MIGRATION_TARGETS: frozenset[str] = frozenset({EXTERNAL, REBUILD})
 VARIANTS: tuple[str, ...] = (NOTOOL, DETAIL_COLUMN, NO_TRIGRAM)
+#: The application schema whose FTS5 update triggers fire on every update (17 to 29 do).
+BROAD_TRIGGER_SCHEMA = 21
+#: The flag-update comparison's pair of stores at that schema, the reference first.
+FLAG_LAYOUTS: tuple[str, ...] = (INLINE_21, EXTERNAL_21)
 
 DESCRIPTIONS: dict[str, str] = {
-    INLINE: "legacy schema 21: both FTS5 indexes keep an inline copy of the text",
+    INLINE: "legacy schema 30: both FTS5 indexes keep an inline copy of the text",
     EXTERNAL: "head, converted in place (legacy index data reused, copies dropped)",
     REBUILD: "head, converted with the rebuild path forced (re-tokenized, then merged)",
     NOTOOL: "comparison only: external, trigram index skips role = 'tool' rows",
     DETAIL_COLUMN: "comparison only: external, trigram index with detail=column",
     NO_TRIGRAM: "comparison only: external, no trigram index (CJK uses LIKE scans)",
+    INLINE_21: "flag updates only: legacy schema 21, update triggers fire on every update",
+    EXTERNAL_21: "flag updates only: inline-21 converted in place, schema kept at 21",
 }
 
 TRIGRAM = "messages_fts_trigram"
@@ -169,8 +185,8 @@ def copy_store(source: Path, target: Path) -> Path:
     return target
 
 
-def build_inline(path: Path, corpus: corpus_mod.Corpus) -> float:
-    """Write the legacy store: schema 30 without alembic_version, one session per commit.
+def build_inline(path: Path, corpus: corpus_mod.Corpus, schema: int = 30) -> float:
+    """Write the legacy store: ``schema`` without alembic_version, one session per commit.
 
     Schema 30 in the legacy inline layout is what most real stores are (the application
     converts search only when asked), and it leaves the search layout the only difference
@@ -181,7 +197,7 @@ def build_inline(path: Path, corpus: corpus_mod.Corpus) -> float:
     incrementally (many segments, automerged), not in one bulk load.
     """
     start = time.perf_counter()
-    migrate.upgrade(str(path), "30")
+    migrate.upgrade(str(path), str(schema))
     conn = connect(path)
     try:
         conn.execute("DROP TABLE alembic_version")
@@ -200,13 +216,25 @@ def build_inline(path: Path, corpus: corpus_mod.Corpus) -> float:
     return time.perf_counter() - start
 
 
-def upgrade(path: Path, *, rebuild: bool = False) -> list[str]:
-    """Upgrade a legacy copy to head (in place, or the rebuild path); return the revision log."""
+def upgrade(path: Path, *, rebuild: bool = False, app_version: int | None = None) -> list[str]:
+    """Upgrade a legacy copy (in place, or the rebuild path); return the revision log.
+
+    Without ``app_version`` the store goes to head; with it, the relational schema stays at
+    that application version and only the search layout is converted.
+    """
     x = {"fts_convert": "rebuild"} if rebuild else None
     with revision_log() as messages:
-        result = migrate.upgrade(str(path), "head", x=x)
-    if result.after != (migrate.head_revision(),):
-        raise RuntimeError(f"{path}: upgrade ended at {result.to_revision!r}")
+        if app_version is None:
+            result = migrate.upgrade(str(path), "head", x=x)
+        else:
+            result = migrate.upgrade(str(path), app_version=app_version, x=x)
+    expected = (migrate.head_revision(),) if app_version is None else None
+    if (expected is not None and result.after != expected) or result.layout_after != "external":
+        raise RuntimeError(
+            f"{path}: upgrade ended at {result.to_revision!r}, layout {result.layout_after!r}"
+        )
+    if app_version is not None and result.schema_after != app_version:
+        raise RuntimeError(f"{path}: schema {result.schema_after}, expected {app_version}")
     return messages
 
 
@@ -258,8 +286,9 @@ class StoreSet:
 
     def base(self, layout: str) -> Path:
         """The finished store of ``layout`` (built on first use)."""
-        if layout not in LAYOUTS:
-            raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+        if layout not in LAYOUTS + FLAG_LAYOUTS:
+            known = ", ".join(LAYOUTS + FLAG_LAYOUTS)
+            raise ValueError(f"unknown layout {layout!r}; known: {known}")
         info = self.builds.get(layout)
         if info is None:
             info = self._build(layout)
@@ -275,15 +304,18 @@ class StoreSet:
             path.unlink()
         start = time.perf_counter()
         notes: list[str] = []
-        if layout == INLINE:
-            build_inline(path, self.corpus)
-        elif layout in (EXTERNAL, REBUILD):
-            copy_store(self.base(INLINE), path)
-            notes = upgrade(path, rebuild=layout == REBUILD)
-            expected = "rebuild" if layout == REBUILD else "in place"
+        if layout in (INLINE, INLINE_21):
+            build_inline(path, self.corpus, 30 if layout == INLINE else BROAD_TRIGGER_SCHEMA)
+        elif layout in (EXTERNAL, REBUILD, EXTERNAL_21):
+            if layout == EXTERNAL_21:
+                copy_store(self.base(INLINE_21), path)
+                notes = upgrade(path, app_version=BROAD_TRIGGER_SCHEMA)
+            else:
+                copy_store(self.base(INLINE), path)
+                notes = upgrade(path, rebuild=layout == REBUILD)
             taken = [m for m in notes if "messages_fts" in m]
-            if layout == EXTERNAL and not all("converted in place" in m for m in taken):
-                raise RuntimeError(f"{layout}: expected the {expected} path, got {taken}")
+            if layout != REBUILD and not all("converted in place" in m for m in taken):
+                raise RuntimeError(f"{layout}: expected the in-place path, got {taken}")
             finish(path)
         else:
             copy_store(self.base(EXTERNAL), path)

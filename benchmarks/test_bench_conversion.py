@@ -1,4 +1,4 @@
-"""Conversion 21 -> 22 on both paths, and the longest write-lock hold of each."""
+"""The legacy store (schema 30) converted to head on both paths; the longest write lock of each."""
 
 from __future__ import annotations
 

@@ -371,7 +371,7 @@ def compare_answers(reference: Sequence[Any], answers: Sequence[Any]) -> Parity:
 
 
 # --------------------------------------------------------------------------------------
-# Conversion 21 -> 22 and the write lock it holds
+# Conversion to head (revision fts1) and the write lock it holds
 # --------------------------------------------------------------------------------------
 
 
@@ -435,7 +435,7 @@ def lock_probe(path: Path) -> Iterator[dict[str, float]]:
 
 @dataclass
 class Conversion:
-    """One 21 -> 22 conversion."""
+    """One conversion of a legacy copy to head."""
 
     path: str  # "in place" or "rebuild"
     seconds: float
