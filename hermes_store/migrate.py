@@ -670,6 +670,7 @@ def upgrade(
         )
     if backup_to is not None:
         check_backup_target(backup_to, path, overwrite=overwrite_backup)
+    locks: list[float] = [0.0]
     with (
         _removed_on_failure(created),
         _writer(
@@ -679,6 +680,7 @@ def upgrade(
             overwrite_backup,
             revision=revision,
             space_for=(targets, x_args),
+            locks=locks,
         ) as (conn, state, prepared),
     ):
         _, schema_before, layout_before = _facts(conn)
@@ -686,7 +688,6 @@ def upgrade(
         converting = x_args.get("fts_convert") != "rebuild" and any(
             target in ("head", "heads", fts_head_revision()) for target in targets
         )
-        locks: list[float] = [0.0]
         with _change_log_removed_on_failure(conn), _timed_transactions(conn, locks):
             if converting:
                 verify_ahead(conn)
@@ -779,6 +780,7 @@ def _writer(
     existing: bool = False,
     revision: str | None = None,
     space_for: tuple[Sequence[str], Mapping[str, str]] | None = None,
+    locks: list[float] | None = None,
 ) -> Iterator[tuple[Connection, StoreState, Prepared]]:
     """Classify the store once (read-only), then hold one connection that takes the write
     lock at each BEGIN, with the backup taken and the store adopted or restamped on it.
@@ -786,6 +788,7 @@ def _writer(
     ``existing=True`` refuses a store that does not exist yet instead of creating it.
     ``space_for`` (the targets and ``-x`` options of an upgrade) refuses, before anything
     is written, an upgrade the disk has no room for (see :func:`check_upgrade_space`).
+    ``locks`` receives the duration of each write transaction of the adoption or restamp.
     """
     path = db_path(resolved)
     state = inspect_file(path)
@@ -797,13 +800,20 @@ def _writer(
     require_writable(path)
     if space_for is not None:
         check_upgrade_space(state, *space_for, backup_to=backup_to)
+    version = state.legacy_version if state.kind == "legacy" else None
+    if version is not None and FIRST_LEGACY <= version <= LAST_LEGACY:
+        # Adoption compares the store with its version's schema, built by running the
+        # revisions in memory (0.1 s of CPU, more on a busy machine): built here, before
+        # the write lock, not inside it (the cache hands adopt() the same result).
+        reference_schema(str(version))
     engine = create_store_engine(resolved)
     try:
         with sqlite_errors(path), engine.connect() as conn:
             conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-            prepared = prepare_store(
-                conn, state, backup_to=backup_to, overwrite_backup=overwrite_backup
-            )
+            with _timed_transactions(conn, locks if locks is not None else []):
+                prepared = prepare_store(
+                    conn, state, backup_to=backup_to, overwrite_backup=overwrite_backup
+                )
             yield conn, state, prepared
     finally:
         engine.dispose()

@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,67 @@ def test_the_conversion_sets_the_copies_aside_and_the_upgrade_frees_them(store: 
     assert fts_checks(store) == {WORD: None, TRIGRAM: None}
     # measured and reported (`upgrade --json`)
     assert result.as_dict()["longest_write_lock_s"] == result.longest_write_lock_s > 0
+
+
+def _write_lock_held(path: Path) -> bool:
+    """Whether another connection holds the store's write lock now."""
+    with contextlib.closing(sqlite3.connect(path, timeout=0, isolation_level=None)) as conn:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return True
+        conn.execute("ROLLBACK")
+        return False
+
+
+def test_adoption_builds_the_reference_schema_before_the_write_lock(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adopting an unversioned store compares it with its version's schema, which the
+    revisions build in memory (CPU-bound): that happens before the upgrade takes the write
+    lock, so the agent is not kept from writing meanwhile."""
+    original = migrate.reference_schema
+    original.cache_clear()
+    built_under_lock: list[bool] = []
+
+    def watched(revision: str) -> dict[str, Any]:
+        misses = original.cache_info().misses
+        schema = original(revision)
+        if original.cache_info().misses > misses:  # built now, not taken from the cache
+            built_under_lock.append(_write_lock_held(store))
+        return schema
+
+    monkeypatch.setattr(migrate, "reference_schema", watched)
+    result = migrate.upgrade(str(store))
+    assert result.adopted == "21"
+    assert built_under_lock == [False]
+
+
+def test_the_adoption_transaction_counts_in_the_longest_write_lock(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`longest_write_lock_s` covers every write transaction of the upgrade, the adoption's
+    too (a clock that jumps 60 s inside the adoption's transaction shows up in it)."""
+    jump = [0.0]
+    real_clock = time.perf_counter
+    real_add_missing = migrate._add_missing
+
+    def add_missing(connection: Any, reference: Any) -> list[str]:  # inside its transaction
+        jump[0] += 60.0
+        return real_add_missing(connection, reference)
+
+    class Clock:  # the time module, with a perf_counter that jumps
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        def perf_counter(self) -> float:
+            return real_clock() + jump[0]
+
+    monkeypatch.setattr(migrate, "_add_missing", add_missing)
+    monkeypatch.setattr(migrate, "time", Clock())
+    result = migrate.upgrade(str(store))
+    assert result.adopted == "21"
+    assert 60.0 <= result.longest_write_lock_s < 120.0
 
 
 def test_writes_after_the_snapshot_are_rechecked_in_the_lock(
