@@ -250,6 +250,27 @@ def side_files(path: Path) -> list[Path]:
     return [path.with_name(path.name + suffix) for suffix in SIDE_SUFFIXES]
 
 
+def flush_to_disk(path: Path) -> None:
+    """Write what the page cache still holds of a store and its WAL to disk (best effort).
+
+    The first commit into a new WAL syncs it, and on a journaling file system that sync
+    waits until the store's own unwritten pages are on disk too: seconds for a store just
+    copied or restored (2.5-4 s for 3.6 GB here), all inside that commit's write lock.
+    Called before a long job takes the lock, it moves that wait out of it.
+    """
+    for name in (path, path.with_name(path.name + "-wal")):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # no such file (no WAL yet), or a link SQLite refuses later
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # a file system that cannot sync: nothing to move out of the lock
+        finally:
+            os.close(fd)
+
+
 #: The errors pathlib's ``exists()`` / ``is_dir()`` / ``is_symlink()`` answer False for.
 _NO_SUCH_FILE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 

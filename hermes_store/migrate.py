@@ -35,6 +35,7 @@ from hermes_store.engine import (
     check_side_files,
     create_store_engine,
     db_path,
+    flush_to_disk,
     is_server,
     joined_transaction,
     require_writable,
@@ -750,24 +751,45 @@ def _upgrade_on_server(
 @contextlib.contextmanager
 def _timed_transactions(conn: Connection, durations: list[float]) -> Iterator[None]:
     """Append the duration of every transaction on ``conn`` (each a writer from its BEGIN
-    IMMEDIATE: the time it held the write lock, or waited for it) to ``durations``."""
+    IMMEDIATE: the time it held the write lock, or waited for it) to ``durations``.
+
+    A transaction ends when its COMMIT (or ROLLBACK) has returned: the COMMIT's syncs hold
+    the lock too. SQLAlchemy's ``commit`` event fires before it, so the end is taken in the
+    dialect's ``do_commit`` / ``do_rollback`` of this connection's (private) engine.
+    """
     began: list[float] = []
 
     def begin(_conn: Connection) -> None:
         began.append(time.perf_counter())
 
-    def end(_conn: Connection) -> None:
-        if began:
+    mine = conn.connection  # what do_commit is given; not the engine's other connections
+
+    def ended(dbapi_connection: Any) -> None:
+        if began and dbapi_connection is mine:
             durations.append(time.perf_counter() - began.pop())
 
-    hooks = {"begin": begin, "commit": end, "rollback": end}
-    for name, hook in hooks.items():
-        event.listen(conn, name, hook)
+    dialect: Any = conn.dialect
+    commit, rollback = dialect.do_commit, dialect.do_rollback
+
+    def do_commit(dbapi_connection: Any) -> None:
+        try:
+            commit(dbapi_connection)
+        finally:
+            ended(dbapi_connection)
+
+    def do_rollback(dbapi_connection: Any) -> None:
+        try:
+            rollback(dbapi_connection)
+        finally:
+            ended(dbapi_connection)
+
+    event.listen(conn, "begin", begin)
+    dialect.do_commit, dialect.do_rollback = do_commit, do_rollback
     try:
         yield
     finally:
-        for name, hook in hooks.items():
-            event.remove(conn, name, hook)
+        event.remove(conn, "begin", begin)
+        del dialect.do_commit, dialect.do_rollback  # the class's own again
 
 
 @contextlib.contextmanager
@@ -806,6 +828,8 @@ def _writer(
         # revisions in memory (0.1 s of CPU, more on a busy machine): built here, before
         # the write lock, not inside it (the cache hands adopt() the same result).
         reference_schema(str(version))
+    if path is not None:  # the first commit's sync then has nothing of the store to wait for
+        flush_to_disk(path)
     engine = create_store_engine(resolved)
     try:
         with sqlite_errors(path), engine.connect() as conn:

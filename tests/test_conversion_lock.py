@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -27,10 +28,11 @@ from click.testing import CliRunner
 from legacy.build import build_legacy_store
 from migration_support import clone, migration_log
 from sqlalchemy import text
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
 from hermes_store import corpus, fts, migrate
 from hermes_store.cli import main
-from hermes_store.engine import create_store_engine
+from hermes_store.engine import create_store_engine, flush_to_disk
 from hermes_store.revisions import fts_conversion
 from hermes_store.search import search_messages
 
@@ -181,6 +183,63 @@ def test_the_adoption_transaction_counts_in_the_longest_write_lock(
     result = migrate.upgrade(str(store))
     assert result.adopted == "21"
     assert 60.0 <= result.longest_write_lock_s < 120.0
+
+
+def test_a_commit_counts_in_the_longest_write_lock_until_it_returns(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A COMMIT holds the write lock while it syncs (seconds when the file system has much
+    to write): `longest_write_lock_s` counts it (a clock that jumps 60 s inside every
+    COMMIT shows up in it)."""
+    jump = [0.0]
+    real_clock = time.perf_counter
+    real_commit = SQLiteDialect_pysqlite.do_commit
+
+    def do_commit(self: Any, dbapi_connection: Any) -> None:
+        jump[0] += 60.0
+        real_commit(self, dbapi_connection)
+
+    class Clock:  # the time module, with a perf_counter that jumps
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        def perf_counter(self) -> float:
+            return real_clock() + jump[0]
+
+    monkeypatch.setattr(SQLiteDialect_pysqlite, "do_commit", do_commit)
+    monkeypatch.setattr(migrate, "time", Clock())
+    result = migrate.upgrade(str(store))
+    assert result.layout_after == "external"
+    assert 60.0 <= result.longest_write_lock_s < 120.0
+
+
+def test_the_upgrade_flushes_the_store_to_disk_before_taking_the_write_lock(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first commit into a new WAL syncs, and on a journaling file system waits for the
+    store's unwritten pages (seconds for a store just copied or restored): the upgrade
+    writes them out before its first BEGIN IMMEDIATE, not inside the lock."""
+    real_fsync = os.fsync
+    synced: list[tuple[str, bool]] = []
+
+    def fsync(fd: int) -> None:
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), _write_lock_held(store)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    migrate.upgrade(str(store))
+    assert (str(store), False) in synced
+
+
+def test_flush_to_disk_skips_what_is_not_there_and_follows_no_link(tmp_path: Path) -> None:
+    store = tmp_path / "state.db"
+    flush_to_disk(store)  # no store yet: nothing to do, no error
+    sql(store, "CREATE TABLE t (x)")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"")
+    (tmp_path / "state.db-wal").symlink_to(elsewhere)
+    flush_to_disk(store)  # the store is synced; the linked -wal is left to SQLite's refusal
+    assert elsewhere.read_bytes() == b""
 
 
 def test_writes_after_the_snapshot_are_rechecked_in_the_lock(
