@@ -158,57 +158,47 @@ def test_adoption_builds_the_reference_schema_before_the_write_lock(
     assert built_under_lock == [False]
 
 
-def test_the_adoption_transaction_counts_in_the_longest_write_lock(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+def _clock_that_jumps(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Give migrate a perf_counter that the returned function moves 60 s ahead."""
+    jump = [0.0]
+    real_clock = time.perf_counter
+
+    class Clock:  # the time module, with a perf_counter that jumps
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        def perf_counter(self) -> float:
+            return real_clock() + jump[0]
+
+    def leap() -> None:
+        jump[0] += 60.0
+
+    monkeypatch.setattr(migrate, "time", Clock())
+    return leap
+
+
+@pytest.mark.parametrize(
+    ("owner", "name"),
+    [(migrate, "_add_missing"), (SQLiteDialect_pysqlite, "do_commit")],
+    ids=["inside the adoption", "inside every COMMIT"],
+)
+def test_the_longest_write_lock_counts_the_adoption_and_each_commit(
+    store: Path, monkeypatch: pytest.MonkeyPatch, owner: object, name: str
 ) -> None:
     """`longest_write_lock_s` covers every write transaction of the upgrade, the adoption's
-    too (a clock that jumps 60 s inside the adoption's transaction shows up in it)."""
-    jump = [0.0]
-    real_clock = time.perf_counter
-    real_add_missing = migrate._add_missing
+    too, each until its COMMIT has returned (a COMMIT holds the lock while it syncs:
+    seconds when the file system has much to write). A clock that jumps 60 s inside the
+    adoption's transaction, or inside every COMMIT, shows up in it."""
+    leap = _clock_that_jumps(monkeypatch)
+    real = getattr(owner, name)
 
-    def add_missing(connection: Any, reference: Any) -> list[str]:  # inside its transaction
-        jump[0] += 60.0
-        return real_add_missing(connection, reference)
+    def wrapped(*args: Any) -> Any:
+        leap()
+        return real(*args)
 
-    class Clock:  # the time module, with a perf_counter that jumps
-        def __getattr__(self, name: str) -> Any:
-            return getattr(time, name)
-
-        def perf_counter(self) -> float:
-            return real_clock() + jump[0]
-
-    monkeypatch.setattr(migrate, "_add_missing", add_missing)
-    monkeypatch.setattr(migrate, "time", Clock())
+    monkeypatch.setattr(owner, name, wrapped)
     result = migrate.upgrade(str(store))
     assert result.adopted == "21"
-    assert 60.0 <= result.longest_write_lock_s < 120.0
-
-
-def test_a_commit_counts_in_the_longest_write_lock_until_it_returns(
-    store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A COMMIT holds the write lock while it syncs (seconds when the file system has much
-    to write): `longest_write_lock_s` counts it (a clock that jumps 60 s inside every
-    COMMIT shows up in it)."""
-    jump = [0.0]
-    real_clock = time.perf_counter
-    real_commit = SQLiteDialect_pysqlite.do_commit
-
-    def do_commit(self: Any, dbapi_connection: Any) -> None:
-        jump[0] += 60.0
-        real_commit(self, dbapi_connection)
-
-    class Clock:  # the time module, with a perf_counter that jumps
-        def __getattr__(self, name: str) -> Any:
-            return getattr(time, name)
-
-        def perf_counter(self) -> float:
-            return real_clock() + jump[0]
-
-    monkeypatch.setattr(SQLiteDialect_pysqlite, "do_commit", do_commit)
-    monkeypatch.setattr(migrate, "time", Clock())
-    result = migrate.upgrade(str(store))
     assert result.layout_after == "external"
     assert 60.0 <= result.longest_write_lock_s < 120.0
 
