@@ -258,13 +258,15 @@ def flush_to_disk(path: Path) -> None:
     copied or restored (2.5-4 s for 3.6 GB here), all inside that commit's write lock.
     Called before a long job takes the lock, it moves that wait out of it.
     """
-    for name in (path, path.with_name(path.name + "-wal")):
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    store = os.path.realpath(path)  # a linked store: its data is in the link's target
+    for name in dict.fromkeys((store, f"{store}-wal", f"{path}-wal")):
+        try:  # O_NONBLOCK: a FIFO planted there must not hang the caller
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:  # no such file (no WAL yet), or a link SQLite refuses later
             continue
         try:
-            os.fsync(fd)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.fsync(fd)
         except OSError:
             pass  # a file system that cannot sync: nothing to move out of the lock
         finally:

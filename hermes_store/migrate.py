@@ -689,7 +689,7 @@ def upgrade(
         converting = x_args.get("fts_convert") != "rebuild" and any(
             target in ("head", "heads", fts_head_revision()) for target in targets
         )
-        with _change_log_removed_on_failure(conn), _timed_transactions(conn, locks):
+        with _change_log_removed_on_failure(conn):
             if converting:
                 verify_ahead(conn)
             for target in targets:
@@ -755,7 +755,10 @@ def _timed_transactions(conn: Connection, durations: list[float]) -> Iterator[No
 
     A transaction ends when its COMMIT (or ROLLBACK) has returned: the COMMIT's syncs hold
     the lock too. SQLAlchemy's ``commit`` event fires before it, so the end is taken in the
-    dialect's ``do_commit`` / ``do_rollback`` of this connection's (private) engine.
+    dialect's ``do_commit`` / ``do_rollback`` of this connection's (private) engine. The
+    figure is an upper bound: it starts before BEGIN IMMEDIATE (a wait for the agent's lock
+    counts), and the COMMIT call also runs SQLite's automatic WAL checkpoint, after the
+    lock is released.
     """
     began: list[float] = []
 
@@ -783,13 +786,19 @@ def _timed_transactions(conn: Connection, durations: list[float]) -> Iterator[No
         finally:
             ended(dbapi_connection)
 
+    hooks = {"do_commit": do_commit, "do_rollback": do_rollback}
+    saved = {name: vars(dialect)[name] for name in hooks if name in vars(dialect)}
     event.listen(conn, "begin", begin)
-    dialect.do_commit, dialect.do_rollback = do_commit, do_rollback
+    for name, hook in hooks.items():
+        setattr(dialect, name, hook)
     try:
         yield
     finally:
         event.remove(conn, "begin", begin)
-        del dialect.do_commit, dialect.do_rollback  # the class's own again
+        for name in hooks:
+            delattr(dialect, name)  # the class's own again, or what was set before
+        for name, value in saved.items():
+            setattr(dialect, name, value)
 
 
 @contextlib.contextmanager
@@ -810,7 +819,8 @@ def _writer(
     ``existing=True`` refuses a store that does not exist yet instead of creating it.
     ``space_for`` (the targets and ``-x`` options of an upgrade) refuses, before anything
     is written, an upgrade the disk has no room for (see :func:`check_upgrade_space`).
-    ``locks`` receives the duration of each write transaction of the adoption or restamp.
+    ``locks`` receives the duration of each write transaction on that connection, from the
+    adoption or restamp to the end of the block.
     """
     path = db_path(resolved)
     state = inspect_file(path)
@@ -838,7 +848,7 @@ def _writer(
                 prepared = prepare_store(
                     conn, state, backup_to=backup_to, overwrite_backup=overwrite_backup
                 )
-            yield conn, state, prepared
+                yield conn, state, prepared
     finally:
         engine.dispose()
 

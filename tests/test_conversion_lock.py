@@ -18,6 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,12 +28,12 @@ import pytest
 from click.testing import CliRunner
 from legacy.build import build_legacy_store
 from migration_support import clone, migration_log
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
-from hermes_store import corpus, fts, migrate
+from hermes_store import backfill, corpus, fts, migrate
 from hermes_store.cli import main
-from hermes_store.engine import create_store_engine, flush_to_disk
+from hermes_store.engine import create_store_engine, flush_to_disk, joined_transaction
 from hermes_store.revisions import fts_conversion
 from hermes_store.search import search_messages
 
@@ -179,20 +180,34 @@ def _clock_that_jumps(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
 
 @pytest.mark.parametrize(
     ("owner", "name"),
-    [(migrate, "_add_missing"), (SQLiteDialect_pysqlite, "do_commit")],
-    ids=["inside the adoption", "inside every COMMIT"],
+    [
+        (migrate, "_add_missing"),  # (connection, reference), inside the adoption
+        (SQLiteDialect_pysqlite, "do_commit"),  # (dialect, dbapi_connection)
+        (migrate, "_facts"),  # (connection), which begins its own transaction
+        (backfill, "pending"),  # (connection), inside the upgrade's last one
+    ],
+    ids=[
+        "inside the adoption",
+        "inside every COMMIT",
+        "reading the versions",
+        "reading what is left to fill",
+    ],
 )
-def test_the_longest_write_lock_counts_the_adoption_and_each_commit(
+def test_the_longest_write_lock_counts_every_write_transaction(
     store: Path, monkeypatch: pytest.MonkeyPatch, owner: object, name: str
 ) -> None:
-    """`longest_write_lock_s` covers every write transaction of the upgrade, the adoption's
-    too, each until its COMMIT has returned (a COMMIT holds the lock while it syncs:
-    seconds when the file system has much to write). A clock that jumps 60 s inside the
-    adoption's transaction, or inside every COMMIT, shows up in it."""
+    """`longest_write_lock_s` covers every write transaction of the upgrade (the adoption's
+    and the reads on its connection, which begin IMMEDIATE, too), each until its COMMIT has
+    returned (a COMMIT holds the lock while it syncs: seconds when the file system has much
+    to write). A clock that jumps 60 s inside any of them shows up in it."""
     leap = _clock_that_jumps(monkeypatch)
     real = getattr(owner, name)
 
     def wrapped(*args: Any) -> Any:
+        if isinstance(args[0], Connection):  # jump inside the transaction the call runs in
+            with joined_transaction(args[0]):
+                leap()
+                return real(*args)
         leap()
         return real(*args)
 
@@ -221,15 +236,59 @@ def test_the_upgrade_flushes_the_store_to_disk_before_taking_the_write_lock(
     assert (str(store), False) in synced
 
 
-def test_flush_to_disk_skips_what_is_not_there_and_follows_no_link(tmp_path: Path) -> None:
+def _fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files os.fsync is called on from now on (their real paths)."""
+    real_fsync = os.fsync
+    synced: list[str] = []
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_flush_to_disk_skips_what_is_not_there_and_follows_no_side_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = _fsynced(monkeypatch)
     store = tmp_path / "state.db"
     flush_to_disk(store)  # no store yet: nothing to do, no error
+    assert synced == []
     sql(store, "CREATE TABLE t (x)")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.write_bytes(b"")
     (tmp_path / "state.db-wal").symlink_to(elsewhere)
-    flush_to_disk(store)  # the store is synced; the linked -wal is left to SQLite's refusal
-    assert elsewhere.read_bytes() == b""
+    flush_to_disk(store)  # the linked -wal is left to SQLite's own refusal
+    assert synced == [str(store)]
+
+
+def test_flush_to_disk_syncs_a_linked_store_and_never_waits_on_a_fifo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = tmp_path / "real.db"
+    sql(real, "CREATE TABLE t (x)")
+    link = tmp_path / "link.db"
+    link.symlink_to(real)
+    os.mkfifo(tmp_path / "real.db-wal")  # a blocking open of it would wait for a writer
+    synced = _fsynced(monkeypatch)
+    done = threading.Event()
+    flusher = threading.Thread(target=lambda: (flush_to_disk(link), done.set()), daemon=True)
+    flusher.start()
+    assert done.wait(10), "flush_to_disk is stuck opening a FIFO"
+    assert synced == [str(real)]  # the target's data; the FIFO is not a file to sync
+
+
+def test_the_upgrade_of_a_store_named_by_a_linked_url_flushes_its_target(
+    tmp_path: Path, template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = clone(template, tmp_path / "real.db")
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "state.db").symlink_to(real)
+    synced = _fsynced(monkeypatch)
+    migrate.upgrade(f"sqlite:///{tmp_path / 'links' / 'state.db'}")
+    assert str(real) in synced
 
 
 def test_writes_after_the_snapshot_are_rechecked_in_the_lock(
