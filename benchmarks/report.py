@@ -898,7 +898,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     passed = sum(1 for t in targets if t["pass"])
     lines += [
         "",
-        f"## Targets at {_label(int(largest))} messages: `external` versus `inline`",
+        f"## Targets at {_label(int(largest))} messages: `external` versus `inline` "
+        "(flag updates: `external-21` versus `inline-21`)",
         "",
         f"**All {len(targets)} targets pass.**"
         if passed == len(targets)
