@@ -337,6 +337,14 @@ def adopt(connection: Connection, version: int | None = None) -> str | None:
     application adds without a version bump above all); rewrites no data. Runs in the
     caller's transaction, or in one of its own.
     """
+    # The schema of the version the caller found, built before the transaction takes the
+    # write lock: running the revisions in memory is CPU work (0.1 s, more on a busy
+    # machine) the agent need not wait for. Re-checked against the store under the lock.
+    expected = (
+        reference_schema(str(version))
+        if version is not None and FIRST_LEGACY <= version <= LAST_LEGACY
+        else None
+    )
     with joined_transaction(connection):
         tables = {
             row[0]
@@ -356,7 +364,9 @@ def adopt(connection: Connection, version: int | None = None) -> str | None:
         if found < FIRST_LEGACY:
             raise SchemaTooOld(f"legacy schema {found} is older than {FIRST_LEGACY}")
         revision = str(found)
-        added = _add_missing(connection, reference_schema(revision))
+        added = _add_missing(
+            connection, expected if expected is not None else reference_schema(revision)
+        )
         MigrationContext.configure(connection).stamp(script_directory(), revision)
     log.info(
         "adopted legacy store at schema %s%s; stamped revision %s",
@@ -832,19 +842,15 @@ def _writer(
     require_writable(path)
     if space_for is not None:
         check_upgrade_space(state, *space_for, backup_to=backup_to)
-    version = state.legacy_version if state.kind == "legacy" else None
-    if version is not None and FIRST_LEGACY <= version <= LAST_LEGACY:
-        # Adoption compares the store with its version's schema, built by running the
-        # revisions in memory (0.1 s of CPU, more on a busy machine): built here, before
-        # the write lock, not inside it (the cache hands adopt() the same result).
-        reference_schema(str(version))
     if path is not None:  # the first commit's sync then has nothing of the store to wait for
         flush_to_disk(path)
     engine = create_store_engine(resolved)
     try:
         with sqlite_errors(path), engine.connect() as conn:
             conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-            with _timed_transactions(conn, locks if locks is not None else []):
+            with (
+                _timed_transactions(conn, locks) if locks is not None else contextlib.nullcontext()
+            ):
                 prepared = prepare_store(
                     conn, state, backup_to=backup_to, overwrite_backup=overwrite_backup
                 )
