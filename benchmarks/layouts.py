@@ -57,6 +57,8 @@ VARIANTS: tuple[str, ...] = (NOTOOL, DETAIL_COLUMN, NO_TRIGRAM)
 BROAD_TRIGGER_SCHEMA = 21
 #: The flag-update comparison's pair of stores at that schema, the reference first.
 FLAG_LAYOUTS: tuple[str, ...] = (INLINE_21, EXTERNAL_21)
+#: Every store a StoreSet builds.
+ALL_LAYOUTS: tuple[str, ...] = LAYOUTS + FLAG_LAYOUTS
 
 DESCRIPTIONS: dict[str, str] = {
     INLINE: "legacy schema 30: both FTS5 indexes keep an inline copy of the text",
@@ -228,13 +230,15 @@ def upgrade(path: Path, *, rebuild: bool = False, app_version: int | None = None
             result = migrate.upgrade(str(path), "head", x=x)
         else:
             result = migrate.upgrade(str(path), app_version=app_version, x=x)
-    expected = (migrate.head_revision(),) if app_version is None else None
-    if (expected is not None and result.after != expected) or result.layout_after != "external":
+    if app_version is None:
+        arrived = result.after == (migrate.head_revision(),)
+    else:
+        arrived = result.schema_after == app_version
+    if not arrived or result.layout_after != "external":
         raise RuntimeError(
-            f"{path}: upgrade ended at {result.to_revision!r}, layout {result.layout_after!r}"
+            f"{path}: upgrade ended at {result.to_revision!r}, schema {result.schema_after}, "
+            f"layout {result.layout_after!r}"
         )
-    if app_version is not None and result.schema_after != app_version:
-        raise RuntimeError(f"{path}: schema {result.schema_after}, expected {app_version}")
     return messages
 
 
@@ -286,9 +290,8 @@ class StoreSet:
 
     def base(self, layout: str) -> Path:
         """The finished store of ``layout`` (built on first use)."""
-        if layout not in LAYOUTS + FLAG_LAYOUTS:
-            known = ", ".join(LAYOUTS + FLAG_LAYOUTS)
-            raise ValueError(f"unknown layout {layout!r}; known: {known}")
+        if layout not in ALL_LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; known: {', '.join(ALL_LAYOUTS)}")
         info = self.builds.get(layout)
         if info is None:
             info = self._build(layout)

@@ -33,9 +33,9 @@ from sqlalchemy import event
 
 from benchmarks import floor, layouts, many_writers, workloads
 from benchmarks.layouts import (
+    ALL_LAYOUTS,
     EXTERNAL,
     EXTERNAL_21,
-    FLAG_LAYOUTS,
     INLINE,
     INLINE_21,
     LAYOUTS,
@@ -180,9 +180,8 @@ class SizeRun:
         self.stores = layouts.StoreSet(directory / "base", size, seed)
         self.work = directory / "work"
         self.work.mkdir(parents=True, exist_ok=True)
-        every = LAYOUTS + FLAG_LAYOUTS
-        self.figures: dict[str, dict[str, float]] = {layout: {} for layout in every}
-        self.samples: dict[str, dict[str, list[float]]] = {layout: {} for layout in every}
+        self.figures: dict[str, dict[str, float]] = {layout: {} for layout in ALL_LAYOUTS}
+        self.samples: dict[str, dict[str, list[float]]] = {layout: {} for layout in ALL_LAYOUTS}
         self.data: dict[str, Any] = {"size": size}
 
     def record(self, layout: str, key: str, samples: list[float], value: float) -> None:
@@ -194,7 +193,7 @@ class SizeRun:
             self.build((INLINE, EXTERNAL))
             self.measure_floor()
             return self.data
-        self.build(LAYOUTS + FLAG_LAYOUTS)
+        self.build(ALL_LAYOUTS)
         self.measure_storage()
         self.measure_parity(pathological=pathological)
         self.measure_search()
@@ -317,8 +316,7 @@ class SizeRun:
     def measure_writes(self) -> None:
         log(f"{self.size}: appends, flag updates, edits and deletes ({self.repeat} rounds)")
         paths = {
-            layout: self.stores.copy(layout, self.work / f"{layout}.db")
-            for layout in LAYOUTS + FLAG_LAYOUTS
+            layout: self.stores.copy(layout, self.work / f"{layout}.db") for layout in ALL_LAYOUTS
         }
         stores = {layout: Store.open(path) for layout, path in paths.items()}
         self.sql_timers = {layout: SqlTimer.of_store(store) for layout, store in stores.items()}
@@ -450,7 +448,7 @@ class SizeRun:
                 raise RuntimeError(f"{layout}: {flags} changed {changed} rows")
 
         # Every layout, and the schema-21 pair whose inline triggers fire on flag updates.
-        which = LAYOUTS + FLAG_LAYOUTS
+        which = ALL_LAYOUTS
         for flag, values in (("active", (False, True)), ("compacted", (True, False))):
             timings: dict[str, list[float]] = {layout: [] for layout in which}
             sql_timings: dict[str, list[float]] = {layout: [] for layout in which}
@@ -889,7 +887,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                 if layout in layouts.MIGRATION_TARGETS or layout == EXTERNAL_21
                 else ("reference" if layout in (INLINE, INLINE_21) else "no (comparison only)"),
             ]
-            for layout in LAYOUTS + FLAG_LAYOUTS
+            for layout in ALL_LAYOUTS
         ],
     )
 

@@ -24,7 +24,7 @@ def _flags(path, ids, column):
 
 
 @pytest.mark.parametrize("flag", ["active", "compacted"])
-@pytest.mark.parametrize("layout", layouts.LAYOUTS + layouts.FLAG_LAYOUTS)
+@pytest.mark.parametrize("layout", layouts.ALL_LAYOUTS)
 def test_flag_update(benchmark, store_set, layout, flag, tmp_path):
     path = store_set.copy(layout, tmp_path / "work.db")
     ids = workloads.flag_ids(path)
