@@ -218,35 +218,30 @@ def test_the_longest_write_lock_counts_every_write_transaction(
     assert 60.0 <= result.longest_write_lock_s < 120.0
 
 
+def _fsynced(monkeypatch: pytest.MonkeyPatch, store: Path | None = None) -> list[tuple[str, bool]]:
+    """Each file os.fsync is called on from now on (its real path), and whether another
+    connection held ``store``'s write lock at the time (False without a ``store``)."""
+    real_fsync = os.fsync
+    synced: list[tuple[str, bool]] = []
+
+    def fsync(fd: int) -> None:
+        locked = store is not None and _write_lock_held(store)
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), locked))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
 def test_the_upgrade_flushes_the_store_to_disk_before_taking_the_write_lock(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first commit into a new WAL syncs, and on a journaling file system waits for the
     store's unwritten pages (seconds for a store just copied or restored): the upgrade
     writes them out before its first BEGIN IMMEDIATE, not inside the lock."""
-    real_fsync = os.fsync
-    synced: list[tuple[str, bool]] = []
-
-    def fsync(fd: int) -> None:
-        synced.append((os.readlink(f"/proc/self/fd/{fd}"), _write_lock_held(store)))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = _fsynced(monkeypatch, store)
     migrate.upgrade(str(store))
     assert (str(store), False) in synced
-
-
-def _fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The files os.fsync is called on from now on (their real paths)."""
-    real_fsync = os.fsync
-    synced: list[str] = []
-
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    return synced
 
 
 def test_flush_to_disk_skips_what_is_not_there_and_follows_no_side_link(
@@ -255,13 +250,13 @@ def test_flush_to_disk_skips_what_is_not_there_and_follows_no_side_link(
     synced = _fsynced(monkeypatch)
     store = tmp_path / "state.db"
     flush_to_disk(store)  # no store yet: nothing to do, no error
-    assert synced == []
+    assert not synced
     sql(store, "CREATE TABLE t (x)")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.write_bytes(b"")
     (tmp_path / "state.db-wal").symlink_to(elsewhere)
     flush_to_disk(store)  # the linked -wal is left to SQLite's own refusal
-    assert synced == [str(store)]
+    assert [name for name, _ in synced] == [str(store)]
 
 
 def test_flush_to_disk_syncs_a_linked_store_and_never_waits_on_a_fifo(
@@ -277,7 +272,7 @@ def test_flush_to_disk_syncs_a_linked_store_and_never_waits_on_a_fifo(
     flusher = threading.Thread(target=lambda: (flush_to_disk(link), done.set()), daemon=True)
     flusher.start()
     assert done.wait(10), "flush_to_disk is stuck opening a FIFO"
-    assert synced == [str(real)]  # the target's data; the FIFO is not a file to sync
+    assert [name for name, _ in synced] == [str(real)]  # the FIFO is not a file to sync
 
 
 def test_the_upgrade_of_a_store_named_by_a_linked_url_flushes_its_target(
@@ -288,7 +283,7 @@ def test_the_upgrade_of_a_store_named_by_a_linked_url_flushes_its_target(
     (tmp_path / "links" / "state.db").symlink_to(real)
     synced = _fsynced(monkeypatch)
     migrate.upgrade(f"sqlite:///{tmp_path / 'links' / 'state.db'}")
-    assert str(real) in synced
+    assert str(real) in {name for name, _ in synced}
 
 
 def test_writes_after_the_snapshot_are_rechecked_in_the_lock(

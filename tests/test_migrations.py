@@ -17,12 +17,12 @@ from pytest_alembic.tests import (  # noqa: F401  (collected by pytest from this
     test_up_down_consistency,
     test_upgrade,
 )
-from sqlalchemy import Column, Engine
+from sqlalchemy import Engine
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.schema import CreateIndex
 
 from hermes_store import migrate
-from hermes_store.models import Base
+from hermes_store.models import expression_indexes
 
 SCRIPT = migrate.script_directory()
 #: Every revision, oldest first.
@@ -58,12 +58,7 @@ def test_the_models_indexes_that_autogenerate_skips_are_those_the_migrations_cre
         stored = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'"))
     finally:
         conn.close()
-    skipped = [
-        index
-        for table in Base.metadata.sorted_tables
-        for index in table.indexes
-        if any(not isinstance(expression, Column) for expression in index.expressions)
-    ]
+    skipped = expression_indexes()
     assert "idx_sessions_effective_activity" in {index.name for index in skipped}
     for index in skipped:
         declared = str(CreateIndex(index).compile(dialect=sqlite.dialect()))
