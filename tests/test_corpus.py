@@ -184,6 +184,51 @@ def test_structure_does_not_depend_on_the_stdlib_text(monkeypatch: pytest.Monkey
     assert structure(before) == structure(after)
 
 
+# ---- pinned corpora ----------------------------------------------------------------------------
+#
+# The demo, the tests and the benchmarks all build their stores with `generate`: an edit of the
+# generator's vocabulary or of its code that moves these digests changes every one of those
+# stores. If that is intended, update the digests in the same commit and say why.
+
+PINNED_WITHOUT_STDLIB = {
+    (300, 0): "a888cd9cf872fdfdeda31d366db7791d3fb0c1d94a036f5f4d0bbe6910aac586",
+    (5000, 1): "99883e9602826ac5135e3efc494bc95082418c99ccf9a3dacef66cfcff40cd59",
+    (20000, 7): "34d6f1d3bd882a389f282cf865863025745f08c843a9dec01e0de3c0082b4faf",
+}
+PINNED_PYTHON = (3, 11, 7)
+PINNED_WITH_STDLIB = {
+    (300, 0): "5ee0ef924630a12b39e3ed8c71e068a0cfda40012f90107a600cfef8a6e3343e",
+    (5000, 1): "c33e1ed617af2c11893945faedf181722833e5f9b1afbca176cb213319ba154b",
+    (20000, 7): "249f85fd40e2519378d5b727b192f40a116426a5d22c07a218a6358e9836ff19",
+}
+
+
+@pytest.mark.parametrize(("n", "seed"), sorted(PINNED_WITHOUT_STDLIB))
+def test_pinned_corpus_on_every_python(n: int, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the stdlib text (which differs per version), every row is the vocabulary's."""
+    monkeypatch.setattr(corpus_module, "_STDLIB_FILES", ())
+    corpus_module._text_pool.cache_clear()
+    try:
+        c = generate(n, seed)
+    finally:
+        monkeypatch.undo()
+        corpus_module._text_pool.cache_clear()
+    assert len(c.messages) == n
+    assert digest(c) == PINNED_WITHOUT_STDLIB[(n, seed)]
+
+
+@pytest.mark.skipif(
+    sys.version_info[:3] != PINNED_PYTHON,
+    reason="the corpus quotes the stdlib, whose text differs per CPython version: "
+    "pinned for 3.11.7 only",
+)
+@pytest.mark.parametrize(("n", "seed"), sorted(PINNED_WITH_STDLIB))
+def test_pinned_corpus_on_the_pinned_python(n: int, seed: int) -> None:
+    c = generate(n, seed)
+    assert len(c.messages) == n
+    assert digest(c) == PINNED_WITH_STDLIB[(n, seed)]
+
+
 # ---- size and consistency -----------------------------------------------------------------
 
 
