@@ -162,7 +162,7 @@ def run(path: Path, seconds: float = 60.0, reader_seconds: float = 40.0) -> dict
 def build_store(directory: Path, messages: int) -> Path:
     """A legacy inline store of ``messages`` generated messages, upgraded by hermes-store."""
     from benchmarks import layouts
-    from hermes_store import corpus
+    from hermes_store.demo import corpus
 
     path = directory / "state.db"
     layouts.build_inline(path, corpus.generate(messages, 0))

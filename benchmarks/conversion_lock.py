@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import layouts, workloads
-from hermes_store import corpus, migrate
+from hermes_store import migrate
+from hermes_store.demo import corpus
 
 SEED = 2026
 

@@ -23,8 +23,9 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from hermes_store import corpus, migrate
+from hermes_store import migrate
 from hermes_store.copy import copy_store, verify_copy
+from hermes_store.demo import corpus
 
 _CHILD = "import sys; from hermes_store.copy import copy_store; " + (
     "copy_store(sys.argv[1], sys.argv[2], verify=False)"

@@ -36,8 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hermes_store import corpus as corpus_mod
 from hermes_store import migrate
+from hermes_store.demo import corpus as corpus_mod
 
 INLINE = "inline"
 EXTERNAL = "external"

@@ -56,7 +56,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 
 from benchmarks import layouts, workloads
-from hermes_store import corpus, migrate
+from hermes_store import migrate
+from hermes_store.demo import corpus
 from hermes_store.engine import BUSY_TIMEOUT_MS, ENV_BUSY_TIMEOUT, create_store_engine, to_url
 from hermes_store.errors import StoreBusy
 from hermes_store.models import AgentSession, Message

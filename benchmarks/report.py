@@ -862,7 +862,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
             f"Generated {meta['date']} on {meta['platform']}, Python {meta['python']}, "
             f"SQLite {meta['sqlite']}, {meta['cpus']} CPUs; commit {meta['commit']}. "
-            f"Corpus: `hermes_store.corpus.generate(n, seed={meta['seed']})`.",
+            f"Corpus: `hermes_store.demo.corpus.generate(n, seed={meta['seed']})`.",
         ]
         return "\n".join(header + _floor_sections(results)) + "\n"
     lines: list[str] = [
@@ -870,7 +870,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         f"Generated {meta['date']} on {meta['platform']}, Python {meta['python']}, "
         f"SQLite {meta['sqlite']}, {meta['cpus']} CPUs; commit {meta['commit']}. "
-        f"Corpus: `hermes_store.corpus.generate(n, seed={meta['seed']})`; "
+        f"Corpus: `hermes_store.demo.corpus.generate(n, seed={meta['seed']})`; "
         f"{meta['repeat']} rounds per figure ({meta['heavy_repeat']} for conversion and "
         "optimize), medians unless stated.",
         "",

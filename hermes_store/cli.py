@@ -27,8 +27,8 @@ from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store import backfill, fts, migrate, server
-from hermes_store import corpus as corpus_mod
 from hermes_store.copy import copy_store
+from hermes_store.demo import corpus as corpus_mod
 from hermes_store.engine import (
     create_store_engine,
     db_path,

@@ -24,8 +24,8 @@ import pytest
 from click.testing import CliRunner
 from legacy.build import build_legacy_store
 
-from hermes_store import corpus
 from hermes_store.cli import main
+from hermes_store.demo import corpus
 
 WORD, TRIGRAM = "messages_fts", "messages_fts_trigram"
 INDEXES = (WORD, TRIGRAM)

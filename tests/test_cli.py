@@ -27,8 +27,9 @@ import pytest
 from click.testing import CliRunner, Result
 from legacy.build import build_legacy_store
 
-from hermes_store import cli, corpus, fts, migrate
+from hermes_store import cli, fts, migrate
 from hermes_store.cli import main
+from hermes_store.demo import corpus
 from hermes_store.engine import ENV_BUSY_TIMEOUT, create_store_engine
 from hermes_store.search import search_messages
 from hermes_store.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA

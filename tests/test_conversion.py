@@ -29,7 +29,8 @@ from parity_queries import PARITY_QUERIES
 from sqlalchemy import Engine, event
 from sqlalchemy import exc as sa_exc
 
-from hermes_store import corpus, fts, migrate
+from hermes_store import fts, migrate
+from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.search import search_messages
 from hermes_store.storage import FTS_COPIES, storage_report

@@ -31,8 +31,9 @@ from migration_support import clone, migration_log
 from sqlalchemy import Connection, text
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
-from hermes_store import backfill, corpus, fts, migrate
+from hermes_store import backfill, fts, migrate
 from hermes_store.cli import main
+from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine, flush_to_disk, joined_transaction
 from hermes_store.revisions import fts_conversion
 from hermes_store.search import search_messages

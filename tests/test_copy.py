@@ -23,7 +23,7 @@ from legacy.build import build_legacy_store
 from parity_queries import PARITY_QUERIES
 from sqlalchemy import Engine, create_engine, select, text
 
-from hermes_store import corpus, migrate
+from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.copy import (
     SAMPLE_QUERIES,
@@ -33,6 +33,7 @@ from hermes_store.copy import (
     copy_store,
     verify_copy,
 )
+from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.errors import SchemaTooNew, StoreError
 from hermes_store.models import Base

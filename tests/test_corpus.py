@@ -1,4 +1,4 @@
-"""Tests for the realistic transcript generator in `hermes_store.corpus`.
+"""Tests for the realistic transcript generator in `hermes_store.demo.corpus`.
 
 Assertions compare digests, counts and flags, never message text, so that a failure
 never prints a message's content.
@@ -6,6 +6,7 @@ never prints a message's content.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -16,12 +17,14 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hermes_store import corpus as corpus_module
-from hermes_store.corpus import (
+from hermes_store.demo import vocabulary
+from hermes_store.demo.corpus import (
     MESSAGE_COLUMNS,
     SESSION_COLUMNS,
     SOURCES,
@@ -31,6 +34,7 @@ from hermes_store.corpus import (
     iter_transcripts,
     populate,
 )
+from hermes_store.demo.sampling import Weighted
 
 CJK = re.compile(
     "[\u4e00-\u9fff\u3400-\u4dbf\U00020000-\U0002a6df\u3000-\u303f\u3040-\u309f"
@@ -125,7 +129,7 @@ def test_stream_equals_corpus() -> None:
 def test_same_rows_in_fresh_processes_whatever_the_hash_seed() -> None:
     script = (
         "import hashlib, json\n"
-        "from hermes_store.corpus import generate\n"
+        "from hermes_store.demo.corpus import generate\n"
         "c = generate(800, seed=11)\n"
         "payload = json.dumps([c.sessions, c.messages], sort_keys=True, ensure_ascii=False)\n"
         "print(hashlib.sha256(payload.encode('utf-8')).hexdigest())\n"
@@ -140,7 +144,7 @@ def test_same_rows_in_fresh_processes_whatever_the_hash_seed() -> None:
         assert out.stdout.strip() == expected
 
 
-def test_structure_does_not_depend_on_the_stdlib_text(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_structure_does_not_depend_on_the_stdlib_text() -> None:
     """Another CPython version has other stdlib text: only text, tokens and costs may change."""
     keep_s = (
         "id",
@@ -172,16 +176,108 @@ def test_structure_does_not_depend_on_the_stdlib_text(monkeypatch: pytest.Monkey
         ]
         return hashlib.sha256(json.dumps(rows).encode("utf-8")).hexdigest()
 
+    shipped = vocabulary.load()
+    other_files = dataclasses.replace(shipped, stdlib_files=shipped.stdlib_files[::3])
     before = generate(3000, seed=12)
-    monkeypatch.setattr(corpus_module, "_STDLIB_FILES", corpus_module._STDLIB_FILES[::3])
-    corpus_module._text_pool.cache_clear()
-    try:
-        after = generate(3000, seed=12)
-    finally:
-        monkeypatch.undo()
-        corpus_module._text_pool.cache_clear()
+    after = generate(3000, seed=12, vocabulary=other_files)
     assert digest(before) != digest(after)
     assert structure(before) == structure(after)
+
+
+# ---- pinned corpora ----------------------------------------------------------------------------
+#
+# The demo, the tests and the benchmarks all build their stores with `generate`: an edit of
+# hermes_store/demo/vocabulary.json or of the generator that moves these digests changes every
+# one of those stores. If that is intended, update the digests in the same commit and say why.
+
+PINNED_WITHOUT_STDLIB = {
+    (300, 0): "a888cd9cf872fdfdeda31d366db7791d3fb0c1d94a036f5f4d0bbe6910aac586",
+    (5000, 1): "99883e9602826ac5135e3efc494bc95082418c99ccf9a3dacef66cfcff40cd59",
+    (20000, 7): "34d6f1d3bd882a389f282cf865863025745f08c843a9dec01e0de3c0082b4faf",
+}
+PINNED_PYTHON = (3, 11, 7)
+PINNED_WITH_STDLIB = {
+    (300, 0): "5ee0ef924630a12b39e3ed8c71e068a0cfda40012f90107a600cfef8a6e3343e",
+    (5000, 1): "c33e1ed617af2c11893945faedf181722833e5f9b1afbca176cb213319ba154b",
+    (20000, 7): "249f85fd40e2519378d5b727b192f40a116426a5d22c07a218a6358e9836ff19",
+}
+
+
+@pytest.mark.parametrize(("n", "seed"), sorted(PINNED_WITHOUT_STDLIB))
+def test_pinned_corpus_on_every_python(n: int, seed: int) -> None:
+    """Without the stdlib text (which differs per version), every row is the vocabulary's."""
+    fallback = dataclasses.replace(vocabulary.load(), stdlib_files=())
+    c = generate(n, seed, vocabulary=fallback)
+    assert len(c.messages) == n
+    assert digest(c) == PINNED_WITHOUT_STDLIB[(n, seed)]
+
+
+@pytest.mark.skipif(
+    sys.version_info[:3] != PINNED_PYTHON,
+    reason="the corpus quotes the stdlib, whose text differs per CPython version: "
+    "pinned for 3.11.7 only",
+)
+@pytest.mark.parametrize(("n", "seed"), sorted(PINNED_WITH_STDLIB))
+def test_pinned_corpus_on_the_pinned_python(n: int, seed: int) -> None:
+    c = generate(n, seed)
+    assert len(c.messages) == n
+    assert digest(c) == PINNED_WITH_STDLIB[(n, seed)]
+
+
+# ---- the vocabulary is data --------------------------------------------------------------------
+
+
+def test_the_shipped_vocabulary_is_read_once_per_process() -> None:
+    shipped = vocabulary.load()
+    assert vocabulary.load() is shipped
+    assert len(shipped.english.idents) > 0
+    assert set(shipped.cjk) == {"zh", "ja", "ko"}
+
+
+def test_an_edited_vocabulary_is_what_the_corpus_says() -> None:
+    shipped = vocabulary.load()
+    english = dataclasses.replace(shipped.english, idents=("zq-only-ident",))
+    c = generate(600, seed=0, vocabulary=dataclasses.replace(shipped, english=english))
+    found = [t for t in texts(c.messages) if "zq-only-ident" in t]
+    assert len(found) > 0
+    assert not any("zq-only-ident" in t for t in texts(generate(600, seed=0).messages))
+
+
+def shipped_document() -> dict[str, Any]:
+    """The shipped vocabulary.json, parsed."""
+    text = resources.files("hermes_store.demo").joinpath("vocabulary.json").read_text("utf-8")
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda d: d["english"].pop("idents"), "english"),
+        (lambda d: d["english"].update(idents=[]), "english.idents"),
+        (lambda d: d["english"]["titles"].append(7), "english.titles"),
+        (lambda d: d["models"][2].update(price_in="2.0"), "models[2].price_in"),
+        (lambda d: d["models"][0].pop("weight"), "models[0]"),
+        (lambda d: d["tools"]["cli"].append(["terminal", -1]), "tools.cli"),
+        (lambda d: d["distributions"].update(session_gap_s=[1]), "distributions.session_gap_s"),
+        (lambda d: d["sources"]["weights"].reverse(), "sources.weights"),
+        (lambda d: d["cjk"]["ko"].update(separator=None), "cjk.ko.separator"),
+        (lambda d: d.update(extra={}), "the document"),
+    ],
+)
+def test_a_broken_vocabulary_names_the_entry(edit: Any, named: str) -> None:
+    doc = shipped_document()
+    assert vocabulary.parse(doc).english == vocabulary.load().english  # the file as shipped
+    edit(doc)
+    with pytest.raises(ValueError, match=re.escape(f"vocabulary.json: {named} must be")):
+        vocabulary.parse(doc)
+
+
+def test_a_tool_the_generator_cannot_write_is_named() -> None:
+    shipped = vocabulary.load()
+    tools = dataclasses.replace(shipped.tools, gateway=Weighted([("fax", 1.0)]))
+    with pytest.raises(ValueError, match="tools name fax"):
+        generate(10, vocabulary=dataclasses.replace(shipped, tools=tools))
 
 
 # ---- size and consistency -----------------------------------------------------------------

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from reliability_support import INDEXES, fts_problems, rows
 from sqlalchemy import Connection, Engine, event
 
-from hermes_store import corpus, migrate
+from hermes_store import migrate
+from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.errors import QueryTooComplex
 from hermes_store.search import (

@@ -1,6 +1,6 @@
 """The search contract on PostgreSQL, against the same data on SQLite.
 
-A SQLite store at head is filled with the parity corpus (hermes_store.corpus plus the
+A SQLite store at head is filled with the parity corpus (hermes_store.demo.corpus plus the
 targeted rows of test_parity); the same sessions and messages, same ids, are copied into
 a PostgreSQL database at head. Every query of parity_queries.py is answered by both.
 Rank order differs by design (ts_rank_cd against BM25), so hit sets are compared with the
@@ -36,7 +36,8 @@ from sqlalchemy.dialects.postgresql import TSVECTOR
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ProgrammingError
 
-from hermes_store import corpus, migrate
+from hermes_store import migrate
+from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.errors import QueryTooComplex
 from hermes_store.models import Base

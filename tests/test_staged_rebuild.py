@@ -29,8 +29,9 @@ import pytest
 from click.testing import CliRunner
 from legacy.build import build_legacy_store
 
-from hermes_store import backfill, corpus, fts, migrate
+from hermes_store import backfill, fts, migrate
 from hermes_store.cli import main
+from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.search import search_messages
 

@@ -1,0 +1,1 @@
+"""The demo's transcript generator (`corpus`) and the vocabulary it draws from (data)."""
