@@ -172,6 +172,8 @@ def _search_on_server(
     sanitized = _sanitized(query)
     if not sanitized:
         return SearchResults()
+    if not storable(sanitized):
+        return SearchResults(query_error=UNSTORABLE_QUERY)
     route = _route(sanitized, trigram=True)  # both indexes exist at head (revision fts1)
     _check_bounded(route)
     return postgresql.search(conn, route, filters, _normalise_sort(sort), page)
