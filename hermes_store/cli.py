@@ -1309,13 +1309,33 @@ def search(
 ) -> None:
     """Search messages the way the agent's session_search does.
 
-    QUERY uses the agent's syntax: words, "phrases", prefix*, AND / OR / NOT, parentheses,
-    NEAR. A query that starts with "-" goes after `--`, or click takes it for an option.
+    QUERY uses the agent's syntax (SQLite's FTS5, as the agent sanitises it):
+
+    \b
+      docker compose       both words, anywhere in a message (word order free)
+      "docker compose"     "phrases": the words side by side, in this order
+      dock*                prefix*: any word that starts with dock
+      docker OR podman     AND, OR, NOT between two terms, upper case;
+      docker NOT compose   docker without compose (NOT binds tighter than AND,
+                           AND tighter than OR)
+      NEAR                 is a plain word here: the parentheses of NEAR(...)
+                           are removed, as are + { } ( ) : ^ outside quotes
+      chat-send, P2.2      words joined by - . _ are searched as a phrase
+      数据库               CJK: words of three characters or more are found
+                           as substrings (the trigram index); shorter ones by
+                           a scan that also finds rewound messages, newest
+                           first (as the agent does)
+
+    A query the index does not understand (`docker AND NOT compose`, `-docker`, a
+    character such as ? or # outside quotes) is not understood: the command says why on
+    stderr and exits 1 (the agent gets no hits for it). Put such a word in double quotes
+    ("-docker", "C#"). A query that starts with "-" goes after `--`, or click takes it
+    for an option.
 
     \b
     Examples:
       hermes-store search "docker compose" --source telegram --limit 5
-      hermes-store search --db state.db -- "-docker"
+      hermes-store search --db state.db -- '"-docker"'
     """
     with operator_errors(), _degraded_said_once():
         engine = open_existing(db)
@@ -1332,6 +1352,8 @@ def search(
             )
     if hits.degraded:
         click.echo(f"Warning: {hits.degraded}", err=True)
+    if hits.query_error:  # the library's answer is no hits: say why, and fail
+        raise click.ClickException(hits.query_error)
     if fmt != "text":
         columns = ["id", "session_id", "source", "role", "timestamp", "snippet"]
         emit_records(fmt, hits, columns, document=list(hits))

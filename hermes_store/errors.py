@@ -66,6 +66,10 @@ class QueryTooComplex(StoreError):
     """A search query has more distinct terms than a search answers in bounded time."""
 
 
+class SearchFailed(StoreError):
+    """A search could not read the messages: the database refused what no query causes."""
+
+
 class SessionNotFound(StoreError):
     """The session id given to a write does not exist in the store."""
 

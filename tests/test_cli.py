@@ -675,6 +675,44 @@ def test_search_without_matches(head_store: Path) -> None:
     assert invoke_json("search", "zzqqxxnothing", "--db", head_store) == []
 
 
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [
+        ("error AND NOT warning", "NOT"),
+        ("-error", "`-`"),
+        ("what?", "`?`"),
+        ("error \udcff", "UTF-8"),
+    ],
+)
+@pytest.mark.parametrize("fmt", [(), ("--json",)])
+def test_search_says_when_the_query_was_not_understood(
+    head_store: Path, query: str, said: str, fmt: tuple[str, ...]
+) -> None:
+    """FTS5 refuses these (the library's answer is no hits): the command says why and fails,
+    where it used to print "no matches"."""
+    assert invoke_json("search", "error", "--db", head_store)  # the word alone has hits
+    result = invoke("search", "--db", head_store, *fmt, "--", query, expect=None)
+    assert_one_line_error(result, "the query was not understood", said, "search --help")
+    assert result.stdout == ""
+
+
+def test_search_help_documents_the_query_syntax() -> None:
+    shown = " ".join(invoke("search", "--help").stdout.split())
+    for fragment in (
+        '"phrases"',
+        "prefix*",
+        "AND, OR, NOT",
+        "NEAR",
+        "CJK",
+        "three characters",
+        "trigram",
+        "+ { } ( ) : ^",
+        "not understood",
+        '"-docker"',
+    ):
+        assert fragment in shown, fragment
+
+
 def test_search_answers_the_same_before_and_after_the_upgrade(legacy_store: Path) -> None:
     queries = ("the", "error", "def*", "terminal OR docker", "数据库")
     before = {q: invoke_json("search", q, "--db", legacy_store, "--limit", "50") for q in queries}
@@ -1073,8 +1111,10 @@ def test_search_bounds_from_the_command_line(head_store: Path) -> None:
     words = " ".join(f"word{i}" for i in range(40))
     result = invoke("search", words, "--db", head_store, expect=None)
     assert_one_line_error(result, "40 distinct terms", "at most 32")
-    # A query that starts with "-" goes after `--`; a huge offset is refused, not a traceback.
-    assert invoke("search", "--db", head_store, "--json", "--", "-error").exit_code == 0
+    # A query that starts with "-" goes after `--` (FTS5 then refuses it: see below); a huge
+    # offset is refused, not a traceback.
+    result = invoke("search", "--db", head_store, "--json", "--", "-error", expect=None)
+    assert_one_line_error(result, "the query was not understood")
     result = invoke(
         "search", "error", "--db", head_store, "--offset", "99999999999999999999", expect=2
     )

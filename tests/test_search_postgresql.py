@@ -503,3 +503,181 @@ def test_a_huge_message_is_stored_and_found_by_its_first_words(pg_url: str) -> N
         message_id = store.append_message("s", NewMessage("tool", "zebrafirst " + words))
         assert [m.id for m in store.messages("s")] == [message_id]
         assert [hit["id"] for hit in store.search("zebrafirst")] == [message_id]
+
+
+# -- the same answer for the same hostile input ----------------------------------------------
+
+
+def _answer(engine: Engine, query: str, **options: Any) -> tuple[set[int], str | None]:
+    """Every hit's id of a search, and its query_error."""
+    with engine.connect() as conn:
+        hits = search_messages(conn, query, limit=-1, **options)
+    return {hit["id"] for hit in hits}, hits.query_error
+
+
+@pytest.fixture
+def nul_source(stores: tuple[Engine, Engine]) -> Iterator[int]:
+    """A session whose source holds a NUL, and one message of it, in both stores."""
+    sessions, messages = Base.metadata.tables["sessions"], Base.metadata.tables["messages"]
+    session = {"id": "nul-source", "source": "te\x00st", "started_at": 1.0}
+    message = {
+        "id": 900_000,  # the same id on both
+        "session_id": "nul-source",
+        "role": "us\x00er",
+        "content": "zebranul words",
+        "timestamp": 2.0,
+    }
+    for engine in stores:
+        with engine.begin() as conn:
+            conn.execute(insert(sessions), session)
+            conn.execute(insert(messages), message)
+    try:
+        yield 900_000
+    finally:
+        for engine in stores:
+            with engine.begin() as conn:
+                conn.execute(delete(messages).where(messages.c.session_id == "nul-source"))
+                conn.execute(delete(sessions).where(sessions.c.id == "nul-source"))
+
+
+@pytest.mark.parametrize(
+    ("filters", "hits"),
+    [
+        ({"source_filter": ["cli\x00"]}, False),
+        ({"source_filter": ["cli", "te\x00st"]}, True),
+        ({"exclude_sources": ["cli\x00", "slack"]}, True),
+        ({"exclude_sources": ["te\x00st"]}, True),
+        ({"role_filter": ["user\x00"]}, False),
+        ({"role_filter": ["us\x00er", "tool"]}, True),
+    ],
+)
+@pytest.mark.parametrize("query", ["zebranul OR def", "数据库 OR zebranul", "的"])
+def test_a_nul_in_a_filter_answers_as_on_sqlite(
+    stores: tuple[Engine, Engine],
+    nul_source: int,
+    query: str,
+    filters: dict[str, Any],
+    hits: bool,
+) -> None:
+    lite, server = stores
+    expected = _answer(lite, query, **filters)
+    assert _answer(server, query, **filters) == expected
+    assert bool(expected[0]) == hits
+
+
+def test_a_filter_with_a_nul_finds_the_rows_that_hold_it(
+    stores: tuple[Engine, Engine], nul_source: int
+) -> None:
+    for engine in stores:
+        assert _answer(engine, "zebranul", source_filter=["te\x00st"]) == ({nul_source}, None)
+        assert _answer(engine, "zebranul", role_filter=["us\x00er"]) == ({nul_source}, None)
+        assert _answer(engine, "zebranul", source_filter=["test"]) == (set(), None)
+
+
+@pytest.mark.parametrize("query", ["error \udcff", "error OR \udcff", "数据库 \ud800", "的 \udcff"])
+def test_a_query_no_message_can_hold_answers_nothing_on_both(
+    stores: tuple[Engine, Engine], query: str
+) -> None:
+    lite, server = stores
+    assert _answer(lite, query.split()[0])[0]  # its first word alone has hits
+    answer = _answer(server, query)
+    assert answer == _answer(lite, query)
+    assert answer[0] == set()
+    assert answer[1] is not None
+    assert "UTF-8" in answer[1]
+
+
+@pytest.mark.parametrize("query", ["def AND NOT return", "-def", "what?", "def OR AND self"])
+def test_a_query_fts5_rejects_says_why_as_on_sqlite(
+    stores: tuple[Engine, Engine], query: str
+) -> None:
+    lite, server = stores
+    expected = _answer(lite, query)
+    assert expected[0] == set()
+    assert expected[1] is not None
+    assert expected[1].startswith("the query was not understood")
+    assert _answer(server, query) == expected
+
+
+#: Words both databases tokenise alike (none of the documented tokeniser differences).
+HOSTILE_WORDS = [word for word in QUERY_WORDS if word not in ("\ue000", "²", "ß")] + [
+    "\udcff",
+    "\ud800",
+    "\ufffe",
+    "\x01",
+    "\x1f",
+    "\x7f",
+    "\t",
+    "'",
+    "?",
+    "#",
+    "x' OR '1'='1",
+    "json",
+    "x" * 2100,
+    " ".join(f"w{i}" for i in range(40)),
+]
+HOSTILE_VALUES = [
+    "cli",
+    "slack",
+    "telegram",
+    "user",
+    "assistant",
+    "tool",
+    "",
+    "cli\x00",
+    "\x00",
+    "\udcff",
+    "\ufffe",
+    "x' OR '1'='1",
+]
+_filter_values = st.none() | st.lists(st.sampled_from(HOSTILE_VALUES), max_size=3)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    query=st.lists(st.sampled_from(HOSTILE_WORDS), min_size=1, max_size=6).flatmap(
+        lambda words: st.sampled_from([" ", "", '"']).map(lambda sep: sep.join(words))
+    ),
+    sources=_filter_values,
+    excluded=_filter_values,
+    roles=_filter_values,
+    include_inactive=st.booleans(),
+)
+def test_hostile_queries_and_filters_answer_the_same_on_both(
+    stores: tuple[Engine, Engine],
+    query: str,
+    sources: list[str] | None,
+    excluded: list[str] | None,
+    roles: list[str] | None,
+    include_inactive: bool,
+) -> None:
+    """The same hits (all of them: rank order differs by design) and the same verdict on
+    the query, whatever the query and the filters hold."""
+    lite, server = stores
+    options: dict[str, Any] = {
+        "source_filter": sources,
+        "exclude_sources": excluded,
+        "role_filter": roles,
+        "include_inactive": include_inactive,
+    }
+    try:
+        expected = _answer(lite, query, **options)
+    except QueryTooComplex:
+        with pytest.raises(QueryTooComplex):
+            _answer(server, query, **options)
+        return
+    assert _answer(server, query, **options) == expected
+
+
+def test_the_hostile_vocabulary_has_hits_on_both(stores: tuple[Engine, Engine]) -> None:
+    """The comparison above bites: its words find rows, under its filters too."""
+    lite, server = stores
+    for query, options in [
+        ("def OR json", {}),
+        ("数据库", {"source_filter": ["cli", "slack", "telegram"]}),
+        ("的", {"role_filter": ["user", "assistant"]}),
+        ("error", {"exclude_sources": ["x' OR '1'='1", "cli\x00"]}),
+    ]:
+        expected = _answer(lite, query, **options)
+        assert expected[0], query
+        assert _answer(server, query, **options) == expected

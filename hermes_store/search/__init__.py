@@ -9,10 +9,11 @@ indexed yet, SQLite).
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Sequence
 
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DatabaseError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from hermes_store.errors import UnsupportedLayout
@@ -31,6 +32,7 @@ from hermes_store.search.query import (
     MAX_QUERY_CHARS,
     MAX_SEARCH_TERMS,
     TRIGRAM_INDEX,
+    UNSTORABLE_QUERY,
     WORD_INDEX,
     _check_bounded,
     _normalise_sort,
@@ -38,7 +40,9 @@ from hermes_store.search.query import (
     _route,
     contains_cjk,
     count_cjk,
+    not_understood,
     sanitize_query,
+    storable,
     without_repeats,
 )
 from hermes_store.search.schema import _Filters
@@ -48,9 +52,16 @@ from hermes_store.search.sqlite import (
     _NeedsConnection,
     _OnConnection,
     _OnDriver,
+    _reading_leniently,
+    _rejected,
+    _replacing_text,
     _Runner,
     _share_state,
+    _State,
     _state,
+    _undecodable,
+    _Unreadable,
+    _unreadable,
     accept_search_objects,
     match_selectable,
 )
@@ -91,7 +102,9 @@ def search_messages(
 
     Never answers wrongly without saying so: when the index a query needs is damaged, the
     hits come from an exact scan of `messages`, one WARNING is logged and the result's
-    ``degraded`` says why (see :class:`SearchResults`).
+    ``degraded`` says why; text that is not valid UTF-8 is shown with U+FFFD and its
+    messages are named there. A query FTS5 rejects, or one holding text no database can
+    store, has no hits, and ``query_error`` says why (see :class:`SearchResults`).
     """
     connection = conn.connection() if isinstance(conn, Session) else conn
     filters = _Filters(include_inactive, source_filter, exclude_sources, role_filter)
@@ -159,6 +172,8 @@ def _search_on_server(
     sanitized = _sanitized(query)
     if not sanitized:
         return SearchResults()
+    if not storable(sanitized):
+        return SearchResults(query_error=UNSTORABLE_QUERY)
     route = _route(sanitized, trigram=True)  # both indexes exist at head (revision fts1)
     _check_bounded(route)
     return postgresql.search(conn, route, filters, _normalise_sort(sort), page)
@@ -171,6 +186,8 @@ def _search(
     sanitized = _sanitized(query)
     if not sanitized:
         return SearchResults()
+    if not storable(sanitized):
+        return SearchResults(query_error=UNSTORABLE_QUERY)
     state = _state(on)
     if state.application:
         raise UnsupportedLayout(
@@ -189,24 +206,62 @@ def _search(
     if route.index is not None and route.index in damaged:
         degraded = _degraded(route.index, damaged[route.index])
     try:
-        rows = _fetch_hits(on, route, filters, order, page, state, scan=bool(degraded))
-    except DatabaseError as exc:  # 'database disk image is malformed' is no OperationalError
-        if type(exc) is not DatabaseError or route.index is None or degraded:
+        results = _answer(on, route, filters, order, page, state, degraded)
+    except _Unreadable:
+        results = None
+    if results is None:  # read again: the index, else the scan; invalid UTF-8 as U+FFFD
+        with _replacing_text(on.driver) as replacing:
+            try:
+                results = _answer(on, route, filters, order, page, state, degraded)
+            except _Unreadable as exc:  # nothing else reads `messages`: no answer
+                raise exc.error from None
+            named = _undecodable(on, [hit["id"] for hit in results]) if replacing.replaced else None
+        if named:
+            results.degraded = f"{results.degraded}; {named}" if results.degraded else named
+    if results.degraded:
+        log.warning("search: %s", results.degraded)
+    return results
+
+
+def _answer(
+    on: _Runner,
+    route: _Route,
+    filters: _Filters,
+    sort: str | None,
+    page: tuple[int, int],
+    state: _State,
+    degraded: str | None,
+) -> SearchResults:
+    """The hits of a routed query, with their context. Raises _Unreadable (to be read again,
+    leniently) when the index or a row could not be read; once reading leniently, an index
+    that still cannot be read is replaced by the exact scan."""
+    try:
+        rows = _fetch_hits(on, route, filters, sort, page, state, scan=bool(degraded))
+    except _Unreadable as exc:
+        if route.index is None or degraded or not _reading_leniently(on.driver):
             raise
-        degraded = _degraded(route.index, f"SQLite: {exc.orig}")
-        rows = _fetch_hits(on, route, filters, order, page, state, scan=True)
-    if degraded:
-        log.warning("search: %s", degraded)
+        degraded = _degraded(route.index, exc.why)
+        rows = _fetch_hits(on, route, filters, sort, page, state, scan=True)
+    if rows == [] and route.index is not None and _rejected(route.index, route.match):
+        rows = None  # SQLite never asked FTS5: the filters alone left no row to test
     if rows is None and route.index == TRIGRAM_INDEX:  # trigram rejected it: LIKE scan
         route = _Route(None, "", route.like_tokens)
-        rows = _fetch_hits(on, route, filters, order, page, state)
-    if not rows:  # None here: the word index rejected the query (FTS5 syntax error)
+        rows = _fetch_hits(on, route, filters, sort, page, state)
+    if rows is None:  # the word index rejected the query text (FTS5 syntax error)
+        return SearchResults(degraded=degraded, query_error=not_understood(route.match))
+    if not rows:
         return SearchResults(degraded=degraded)
     log.debug("search: %d hit(s) from %s", len(rows), route.index or "LIKE scan")
     try:
         contexts = _contexts(on, [row["id"] for row in rows])
-    except Exception:  # the contract: a failed context lookup leaves every hit with []
-        log.debug("search: context lookup failed", exc_info=True)
+    except (DBAPIError, sqlite3.Error) as exc:
+        unreadable = _unreadable(exc)
+        if unreadable is not None and not _reading_leniently(on.driver):
+            raise unreadable from None  # read again, leniently
+        log.debug("search: context lookup failed (%s)", type(exc).__name__)
+        contexts = {}
+    except Exception as exc:  # the contract: a failed context lookup leaves every hit with []
+        log.debug("search: context lookup failed (%s)", type(exc).__name__)
         contexts = {}
     hits: list[SearchHit] = [
         {

@@ -51,13 +51,18 @@ _next_id = (
     .limit(1)
     .scalar_subquery()
 )
+_windows = _target.join(_window_row, _window_row.c.id.in_([_target.c.id, _previous_id, _next_id]))
 CONTEXT_WINDOWS = (
     select(_target.c.id, _window_row.c.role, _window_row.c.content)
-    .select_from(
-        _target.join(_window_row, _window_row.c.id.in_([_target.c.id, _previous_id, _next_id]))
-    )
+    .select_from(_windows)
     .where(_target.c.id.in_(bindparam("ids", expanding=True)))
     .order_by(_target.c.id, _window_row.c.timestamp, _window_row.c.id)
+)
+#: The ids of every message in the context windows of hits ``ids`` (the hits included).
+CONTEXT_WINDOW_IDS = (
+    select(_window_row.c.id)
+    .select_from(_windows)
+    .where(_target.c.id.in_(bindparam("ids", expanding=True)))
 )
 _CONTEXT_WINDOWS = Prepared.of(CONTEXT_WINDOWS)
 
@@ -85,19 +90,32 @@ class SearchHit(TypedDict):
 
 
 class SearchResults(list[SearchHit]):
-    """The hits of :func:`search_messages`: a list, plus why they did not come from the index.
+    """The hits of :func:`search_messages`: a list, plus what a person should know of them.
 
     ``degraded`` is None normally. When the search index is damaged (its triggers or view
-    are not this package's, or SQLite reports it malformed) the hits come from an exact scan
-    of `messages` instead, and ``degraded`` says so in one line (ranking then only
-    approximates BM25 over the whole store).
+    are not this package's, its shadow tables changed, or SQLite reports it malformed) the
+    hits come from an exact scan of `messages` instead, and ``degraded`` says so in one line
+    (ranking then only approximates BM25 over the whole store). It also names, by id, the
+    messages among the hits and their context whose text is not valid UTF-8 (shown with
+    U+FFFD in place of each invalid byte).
+
+    ``query_error`` is None when the query was understood. When it was not (FTS5 rejects
+    it, or it holds text no database can store) the hits are none, as the contract says,
+    and ``query_error`` says why in one line a person can act on.
     """
 
     degraded: str | None
+    query_error: str | None
 
-    def __init__(self, hits: Iterable[SearchHit] = (), degraded: str | None = None) -> None:
+    def __init__(
+        self,
+        hits: Iterable[SearchHit] = (),
+        degraded: str | None = None,
+        query_error: str | None = None,
+    ) -> None:
         super().__init__(hits)
         self.degraded = degraded
+        self.query_error = query_error
 
 
 def _context_text(raw: object) -> str:
@@ -147,8 +165,9 @@ def contexts_of(
             try:
                 entry: ContextMessage = {"role": role, "content": _context_text(content)}
                 contexts[hit_id].append(entry)
-            except Exception:  # the contract: a hit whose context cannot be built gets []
-                log.debug("search: context of message %s could not be built", hit_id, exc_info=True)
+            except Exception as exc:  # the contract: a hit whose context cannot be built gets []
+                # The type only: the exception's text may quote the message.
+                log.debug("search: context of %s not built (%s)", hit_id, type(exc).__name__)
                 failed.add(hit_id)
                 contexts[hit_id] = []
     return contexts

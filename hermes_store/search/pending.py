@@ -150,14 +150,18 @@ def _pending_hits(
     functions = hasattr(raw, "create_function")
     if functions:
 
-        def folded_match(text: object) -> bool:
-            if not isinstance(text, str) or (text.isascii() and "\0" not in text):
+        def folded_match(data: object) -> bool:
+            if not isinstance(data, bytes) or (data.isascii() and b"\0" not in data):
                 return False  # LIKE saw all of it
-            folded = _fold(text)
+            folded = _fold(data.decode("utf-8", "replace"))
             return (all if require_all else any)(term in folded for term in terms)
 
         raw.create_function(_PENDING_MATCH, 1, folded_match)
-        by_fold: ColumnElement[bool] = getattr(func, _PENDING_MATCH)(expression) == 1
+        # The bytes: sqlite3 cannot pass a Python function text that is not valid UTF-8
+        # (a writer that stored bytes as TEXT); read with U+FFFD, such a row still matches.
+        by_fold: ColumnElement[bool] = (
+            getattr(func, _PENDING_MATCH)(expression.cast(LargeBinary)) == 1
+        )
     else:  # a driver without Python functions: every row LIKE may misjudge is a candidate
         # Plain ASCII without NUL: as many bytes as characters before the first NUL.
         by_fold = func.length(expression.cast(LargeBinary)) != func.length(expression)

@@ -48,6 +48,7 @@ from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY, TSVECTOR
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store.errors import SearchFailed
 from hermes_store.fts5_snippet import trigram_snippet, word_snippet
 from hermes_store.models import SERVER_NUL, from_server_text, to_server_text
 from hermes_store.search.context import CONTEXT_WINDOWS, SearchHit, SearchResults, contexts_of
@@ -66,6 +67,7 @@ from hermes_store.search.query import (
     _reduced,
     _Route,
     highlight_of,
+    not_understood,
     parse_query,
     simplify,
     word_tokens,
@@ -267,6 +269,15 @@ def _paged(statement: Any, page: tuple[int, int]) -> tuple[Any, dict[str, Any]]:
     return statement, values
 
 
+def _filter_values(filters: _Filters) -> dict[str, Any]:
+    """The filters' values as PostgreSQL stores text (the models' to_server_text): a NUL
+    compares as it does on SQLite, equal only to a stored NUL."""
+    return {
+        key: [to_server_text(item) if isinstance(item, str) else item for item in values]
+        for key, values in filters.values().items()
+    }
+
+
 def _select(condition: ColumnElement[bool], filters: _Filters, *, visibility: bool) -> Any:
     return (
         select(_m.c.id, *_RESULT_COLUMNS)
@@ -349,7 +360,7 @@ def word_statement(
         return func.ts_rank_cd(words, query, literal(1, Integer), type_=Float)
 
     statement, values = _ranked(condition, filters, sort, page, rank_of)
-    return statement, {**filters.values(), **binds.values, **values}
+    return statement, {**_filter_values(filters), **binds.values, **values}
 
 
 def trigram_statement(
@@ -364,7 +375,7 @@ def trigram_statement(
         return func.similarity(document, terms, type_=Float)
 
     statement, values = _ranked(condition, filters, sort, page, rank_of)
-    return statement, {**filters.values(), **binds.values, **values}
+    return statement, {**_filter_values(filters), **binds.values, **values}
 
 
 def like_statement(
@@ -380,7 +391,7 @@ def like_statement(
     statement = _select(condition, filters, visibility=False).add_columns(snippet)
     statement = statement.order_by(_m.c.timestamp.desc(), _m.c.id)
     statement, values = _paged(statement, page)
-    return statement, {**filters.values(), **binds.values, **values}
+    return statement, {**_filter_values(filters), **binds.values, **values}
 
 
 # -- one search ----------------------------------------------------------------------------
@@ -421,8 +432,40 @@ _REJECTED = ("22", "42601", "54")
 
 
 def _rejected_query(exc: DBAPIError) -> bool:
-    state = str(getattr(exc.orig, "sqlstate", "") or "")
-    return any(state.startswith(prefix) for prefix in _REJECTED)
+    return _sqlstate(exc).startswith(_REJECTED)
+
+
+def _sqlstate(exc: DBAPIError) -> str:
+    return str(getattr(exc.orig, "sqlstate", "") or "")
+
+
+def _not_searchable(conn: Connection, tree: Node) -> str:
+    """Why the server rejected the word path's statement: its tsquery alone is rejected
+    (the query's fault: the reason, for ``query_error``). If the tsquery is fine, the
+    rows or the search functions failed: SearchFailed, never an empty answer."""
+    binds = _Binds()
+    try:
+        with conn.begin_nested():
+            conn.execute(select(tsquery_of(tree, binds)), binds.values).all()
+    except DBAPIError as exc:
+        if not _rejected_query(exc):
+            raise
+        if _sqlstate(exc).startswith("54"):
+            why = "it is too large for PostgreSQL's text search: use fewer terms"
+        else:
+            why = (
+                "PostgreSQL's text search cannot search for one of its terms (SQLSTATE "
+                f"{_sqlstate(exc)}): leave out words of characters that are no letters to it"
+            )
+        return f"the query was not understood: {why}; `hermes-store search --help` shows the syntax"
+    raise _search_failed("the word path's statement")
+
+
+def _search_failed(what: str) -> SearchFailed:
+    return SearchFailed(
+        f"PostgreSQL refused {what} for what no query causes: a message or the search "
+        "functions of revision fts1 are broken; run `hermes-store check`"
+    )
 
 
 def _documents(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
@@ -443,11 +486,13 @@ def search(
         try:
             tree = simplify(parse_query(route.match))
         except QuerySyntaxError:  # FTS5 would reject it: the contract's answer is []
-            return SearchResults()
+            return SearchResults(query_error=not_understood(route.match))
         if isinstance(tree, Nothing):
             return SearchResults()
         highlight = highlight_of(parse_query(route.match))
         rows = _rows(conn, *word_statement(tree, filters, sort, page))
+        if rows is None:
+            return SearchResults(query_error=_not_searchable(conn, tree))
 
         def snippets(text: str) -> str:
             return word_snippet(
@@ -485,6 +530,8 @@ def search(
         if rows is None:
             snippets = None
             rows = _rows(conn, *like_statement(route, filters, page))
+            if rows is None:  # plain patterns, escaped here: no query causes that
+                raise _search_failed("the LIKE scan")
     if not rows:
         return SearchResults()
     ids = [int(row["id"]) for row in rows]

@@ -236,6 +236,11 @@ NEAR_DISTANCE = 10
 class QuerySyntaxError(ValueError):
     """FTS5 would reject this MATCH expression (the search then answers no rows)."""
 
+    def __init__(self, message: str, near: str | None = None) -> None:
+        super().__init__(message)
+        #: The token (or character) FTS5 stops at; "" at the end of the query.
+        self.near = near
+
 
 @dataclass(frozen=True)
 class Phrase:
@@ -315,7 +320,7 @@ def _lex(expression: str) -> list[tuple[str, str]]:
             while True:
                 end = text.find('"', position)
                 if end == -1:
-                    raise QuerySyntaxError("unterminated string")
+                    raise QuerySyntaxError("unterminated string", '"')
                 pieces.append(text[position:end])
                 if text.startswith('"', end + 1):  # "" inside a string is one quote
                     pieces.append('"')
@@ -331,7 +336,7 @@ def _lex(expression: str) -> list[tuple[str, str]]:
             word = text[start:position]
             tokens.append((word if word in _OPERATORS else "STRING", word))
         else:
-            raise QuerySyntaxError(f"syntax error near {char!r}")
+            raise QuerySyntaxError(f"syntax error near {char!r}", char)
     return tokens
 
 
@@ -384,17 +389,18 @@ class _Parser:
 
     def take(self, kind: str | None = None) -> tuple[str, str]:
         if self.position >= len(self.tokens):
-            raise QuerySyntaxError("unexpected end of query")
+            raise QuerySyntaxError("unexpected end of query", "")
         token = self.tokens[self.position]
         if kind is not None and token[0] != kind:
-            raise QuerySyntaxError(f"syntax error near {token[1]!r}")
+            raise QuerySyntaxError(f"syntax error near {token[1]!r}", token[1])
         self.position += 1
         return token
 
     def query(self) -> Node:
         node = self.binary(0)
         if self.position != len(self.tokens):
-            raise QuerySyntaxError(f"syntax error near {self.tokens[self.position][1]!r}")
+            near = self.tokens[self.position][1]
+            raise QuerySyntaxError(f"syntax error near {near!r}", near)
         return node
 
     _LEVELS = ("OR", "AND", "NOT")
@@ -428,7 +434,7 @@ class _Parser:
         if self.peek() == "STRING" and self.peek(1) == "(":
             word = self.take()[1]
             if word != "NEAR":
-                raise QuerySyntaxError(f"syntax error near {word!r}")
+                raise QuerySyntaxError(f"syntax error near {word!r}", word)
             self.take("(")
             phrases = [self.phrase()]
             while self.peek() in ("STRING", "QUOTED"):
@@ -438,7 +444,7 @@ class _Parser:
                 self.take()
                 number = self.take()[1]
                 if not number.isascii() or not number.isdigit():
-                    raise QuerySyntaxError(f"expected integer, got {number!r}")
+                    raise QuerySyntaxError(f"expected integer, got {number!r}", number)
                 distance = int(number)
             self.take(")")
             kept = tuple(phrase for phrase in phrases if phrase.tokens)
@@ -454,7 +460,7 @@ class _Parser:
         while True:
             kind, text = self.take()
             if kind not in ("STRING", "QUOTED"):
-                raise QuerySyntaxError(f"syntax error near {text!r}")
+                raise QuerySyntaxError(f"syntax error near {text!r}", text)
             prefix = self.peek() == "*"
             if prefix:
                 self.take()
@@ -479,6 +485,55 @@ def parse_query(expression: str, *, trigram: bool = False) -> Node:
     """The tree of an FTS5 MATCH expression (a sanitised query; for the trigram index, the
     route's match string). Raises QuerySyntaxError where FTS5 reports an error."""
     return _Parser(expression, trigram_tokens if trigram else word_tokens).query()
+
+
+_SYNTAX_HELP = "`hermes-store search --help` shows the syntax"
+#: SearchResults.query_error of a query holding text no database can store.
+UNSTORABLE_QUERY = (
+    "the query was not understood: it holds text that is not valid UTF-8 (a lone surrogate; "
+    "on the command line, bytes that are not UTF-8), which no message can contain, so "
+    f"nothing matches it; {_SYNTAX_HELP}"
+)
+
+
+def storable(text: str) -> bool:
+    """Whether a database can hold ``text`` (UTF-8 cannot encode a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def not_understood(match: str, *, trigram: bool = False) -> str:
+    """Why FTS5 rejects a sanitised query, in one line a person can act on.
+
+    It names the query's own characters only, never anything of a message.
+    """
+    try:
+        parse_query(match, trigram=trigram)
+        near = None
+    except QuerySyntaxError as exc:
+        near = exc.near
+    if near == "" or near in _OPERATORS:
+        why = (
+            "AND, OR and NOT each go between two terms (`docker NOT compose` finds docker "
+            "without compose; `docker AND NOT compose` is not understood)"
+        )
+    elif near == "-":
+        why = (
+            "`-` is no operator: write `docker NOT compose` to leave compose out, or put a "
+            'word that starts with `-` in double quotes ("-docker")'
+        )
+    elif near is not None and len(near) == 1:
+        shown = f"`{near}`" if near.isprintable() else f"U+{ord(near):04X}"
+        why = (
+            f"{shown} is not part of the query syntax: put the word that holds it in double "
+            'quotes ("C#") or leave it out'
+        )
+    else:
+        why = "the search index rejects it"
+    return f"the query was not understood: {why}; {_SYNTAX_HELP}"
 
 
 def simplify(node: Node) -> Node:

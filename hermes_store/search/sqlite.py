@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import sqlite3
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -16,6 +17,7 @@ from sqlalchemy import (
     ColumnElement,
     Float,
     Integer,
+    LargeBinary,
     Select,
     String,
     bindparam,
@@ -28,11 +30,18 @@ from sqlalchemy import (
     table,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from hermes_store import fts
 from hermes_store.prepared import Driver, Prepared
-from hermes_store.search.pending import _merge_pending, _pending_hits, _pending_ranges, _scan_hits
+from hermes_store.search.context import CONTEXT_WINDOW_IDS, _chunks
+from hermes_store.search.pending import (
+    _TOKENIZERS,
+    _merge_pending,
+    _pending_hits,
+    _pending_ranges,
+    _scan_hits,
+)
 from hermes_store.search.query import (
     _ASCII_LOWER,
     TRIGRAM_INDEX,
@@ -89,6 +98,8 @@ class _Shape:
     needles: int = 0
     patterns: int = 0
     pattern_set: str | None = None
+    #: The registered function gets the texts as bytes (text that is not UTF-8 is read).
+    blobs: bool = False
 
 
 def _statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
@@ -157,7 +168,8 @@ def _like_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
             .exists()
         )
     elif shape.pattern_set is not None:  # the tokens in one Python function, once per row
-        conditions.append(getattr(func, shape.pattern_set)(*texts) == 1)
+        arguments = [text.cast(LargeBinary) for text in texts] if shape.blobs else texts
+        conditions.append(getattr(func, shape.pattern_set)(*arguments) == 1)
     first = bindparam("first_token", type_=String)
     start: ColumnElement[Any] = func.max(
         literal_column("1"), func.instr(_m.c.content, first) - literal_column("40")
@@ -188,6 +200,7 @@ def _shape_and_values(
     page: bool = True,
     sort: str | None = None,
     like_function: str | None = None,
+    blobs: bool = False,
 ) -> tuple[_Shape, dict[str, Any]]:
     """The shape of a route's statement and the values of its parameters."""
     values = filters.values()
@@ -207,7 +220,17 @@ def _shape_and_values(
         patterns = []
     values.update({f"pattern_{i}": pattern for i, pattern in enumerate(patterns)})
     given = filters.given(visibility=False)
-    shape = _Shape(None, given, rank, page, None, len(needles), len(patterns), pattern_set)
+    shape = _Shape(
+        None,
+        given,
+        rank,
+        page,
+        None,
+        len(needles),
+        len(patterns),
+        pattern_set,
+        blobs=blobs and like_function is not None and pattern_set == like_function,
+    )
     return shape, values
 
 
@@ -286,9 +309,10 @@ def _fetch_hits(
     *,
     scan: bool = False,
 ) -> list[dict[str, Any]] | None:
-    """Run one route; None when its index rejected the query (the caller decides what next).
+    """Run one route; None when FTS5 rejected the query text (the caller decides what next).
 
     ``scan=True`` answers an FTS route without its index, by an exact scan of `messages`.
+    Raises _Unreadable when the index or a row could not be read: that is no answer.
     """
     limit, offset = page
     bounds = None
@@ -299,6 +323,8 @@ def _fetch_hits(
         limit, offset = (-1 if limit < 0 else limit + max(offset, 0)), 0
     try:
         if scan:
+            if route.index is not None and _rejected(route.index, route.match):
+                return None
             return _scan_hits(on.connection(), route, filters, sort, page)
         with _like_any_registered(on.driver, route) as like_function:
             shape, values = _shape_and_values(
@@ -308,6 +334,7 @@ def _fetch_hits(
                 rank=bounds is not None,
                 sort=sort,
                 like_function=like_function,
+                blobs=_reading_leniently(on.driver),
             )
             values.update(limit=limit, offset=offset)
             keys = ("id", *(("rank",) if shape.rank else ()), "snippet", *_RESULT_KEYS)
@@ -316,16 +343,173 @@ def _fetch_hits(
         if bounds is not None:
             extra = _pending_hits(on.connection(), route, filters, bounds)
             rows = _merge_pending(rows, extra, sort, *page)
-    except UnicodeEncodeError:  # lone surrogates cannot be bound: nothing can match them
-        log.debug("search: query or filter not encodable as UTF-8; no results")
+    except UnicodeEncodeError:  # a filter with a lone surrogate: nothing stored can match it
+        log.debug("search: a filter is not encodable as UTF-8; no results")
         return []
-    except (OperationalError, sqlite3.OperationalError) as exc:
-        if route.index is None:
+    except (DBAPIError, sqlite3.Error) as exc:
+        unreadable = _unreadable(exc)
+        if unreadable is None:
             raise
-        error = exc.orig if isinstance(exc, OperationalError) else exc
-        log.debug("search: %s rejected the query (%s)", route.index, type(error).__name__)
-        return None
+        if route.index is not None and _rejected(route.index, route.match):
+            log.debug("search: %s rejected the query", route.index)
+            return None
+        raise unreadable from None
     return rows
+
+
+# -- telling a query FTS5 rejects from an index or a row that cannot be read ----------------
+# Both are an OperationalError, mostly "SQL logic error" (SQLITE_ERROR): FTS5 says the same
+# for a dropped `_idx` or `_docsize` table as for some queries, so its message cannot tell
+# them apart. A MATCH against an empty table of the same tokenizer, in a connection of its
+# own, can: only the query text is there to reject.
+
+#: SQLite's primary result codes of failures of the connection or the file system, not of
+#: what is stored (busy, locked, out of memory, read-only, interrupted, I/O error, disk
+#: full, cannot open, locking protocol): the search raises them, it has no answer.
+_NOT_THE_DATA = frozenset({5, 6, 7, 8, 9, 10, 13, 14, 15})
+
+
+class _Unreadable(Exception):
+    """The index or a row could not be read: neither the query's fault nor the connection's."""
+
+    def __init__(self, why: str, error: BaseException) -> None:
+        super().__init__(why)
+        #: What failed, for ``degraded`` (SQLite's message; never a row's text).
+        self.why = why
+        #: The driver's exception, raised when nothing else can answer.
+        self.error = error
+
+
+def _unreadable(exc: DBAPIError | sqlite3.Error) -> _Unreadable | None:
+    """A driver error as _Unreadable when it may come from the index or a row, else None."""
+    error = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    return _Unreadable(_why(error), exc) if _about_the_data(error) else None
+
+
+def _about_the_data(error: BaseException) -> bool:
+    """Whether a driver error may come from the index or a row (so another way of reading
+    may answer), not from the connection, the file system or the call."""
+    if not isinstance(error, sqlite3.DatabaseError) or isinstance(error, sqlite3.ProgrammingError):
+        return False
+    code = getattr(error, "sqlite_errorcode", None)
+    return code is None or code & 0xFF not in _NOT_THE_DATA
+
+
+def _why(error: BaseException) -> str:
+    """A failure in SQLite's own words: they name objects, never a row's text. A failure of
+    the driver's own (text it cannot decode: its message quotes the text) is not quoted."""
+    if getattr(error, "sqlite_errorcode", None) is not None:
+        return f"SQLite: {error}"
+    return "the driver could not read a text"
+
+
+_probe_lock = threading.Lock()
+
+
+@functools.cache
+def _probe() -> sqlite3.Connection:
+    """An in-memory database with an empty FTS5 table per index, its tokenizer the index's."""
+    probe = sqlite3.connect(":memory:", check_same_thread=False)  # used under _probe_lock
+    for index, tokenizer in _TOKENIZERS.items():
+        probe.execute(f"CREATE VIRTUAL TABLE {index} USING fts5(content{tokenizer})")
+    return probe
+
+
+@functools.lru_cache(maxsize=256)
+def _rejected(index: str, match: str) -> bool:
+    """Whether FTS5 rejects this MATCH expression itself, whatever any table holds (about
+    12 us: asked when a search failed or found nothing)."""
+    with _probe_lock:
+        try:
+            _probe().execute(f"SELECT 1 FROM {index} WHERE {index} MATCH ?", (match,)).fetchall()
+        except sqlite3.OperationalError:
+            return True
+    return False
+
+
+# -- text that is not valid UTF-8 ----------------------------------------------------------
+# SQLite stores what a writer gives it: bytes bound as TEXT stay invalid UTF-8, and the
+# sqlite3 module refuses to turn them into str, with an error that quotes the text. Such
+# a search is read again with each invalid byte replaced by U+FFFD (what unicode61 and the
+# trigram tokenizer also treat as no letter), and the rows are named by id.
+
+
+class _Replacing:
+    """A sqlite3 text_factory: UTF-8 as str, each invalid byte as U+FFFD; counts those."""
+
+    def __init__(self) -> None:
+        self.replaced = 0
+
+    def __call__(self, data: bytes) -> str:
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            self.replaced += 1
+            return data.decode("utf-8", "replace")
+
+
+@contextlib.contextmanager
+def _replacing_text(raw: sqlite3.Connection) -> Iterator[_Replacing]:
+    """Read text on this connection with U+FFFD for invalid UTF-8, for the block."""
+    factory, kept = _Replacing(), raw.text_factory
+    raw.text_factory = factory
+    try:
+        yield factory
+    finally:
+        raw.text_factory = kept
+
+
+def _reading_leniently(raw: sqlite3.Connection) -> bool:
+    return isinstance(getattr(raw, "text_factory", None), _Replacing)
+
+
+#: The texts a search returns of a message (hit or context), by column.
+_TEXTS = {
+    "messages.session_id": _m.c.session_id,
+    "messages.role": _m.c.role,
+    "messages.content": _m.c.content,
+    "messages.tool_name": _m.c.tool_name,
+    "messages.tool_calls": _m.c.tool_calls,
+    "sessions.source": _s.c.source,
+    "sessions.model": _s.c.model,
+}
+_AS_BYTES = Prepared.of(
+    select(_m.c.id, *(column.cast(LargeBinary) for column in _TEXTS.values()))
+    .select_from(_m.outerjoin(_s, _s.c.id == _m.c.session_id))
+    .where(_m.c.id.in_(bindparam("ids", expanding=True)))
+)
+_WINDOW_IDS = Prepared.of(CONTEXT_WINDOW_IDS)
+#: At most this many messages are named in ``degraded``.
+_NAMED = 5
+
+
+def _undecodable(on: _Runner, hit_ids: Sequence[int]) -> str | None:
+    """The hits and context rows whose text is not valid UTF-8, named by id and column
+    (never by content), as a clause of ``degraded``; None when there are none."""
+    found: dict[int, list[str]] = {}
+    for chunk in _chunks(hit_ids):
+        window = sorted({row[0] for row in on.rows(*_WINDOW_IDS.bind({"ids": chunk}))})
+        for row in on.rows(*_AS_BYTES.bind({"ids": window})):
+            for name, value in zip(_TEXTS, row[1:], strict=True):
+                if isinstance(value, bytes) and not _is_utf8(value):
+                    found.setdefault(int(row[0]), []).append(name)
+    if not found:
+        return None
+    named = [f"message {i} ({', '.join(columns)})" for i, columns in sorted(found.items())]
+    if len(named) > _NAMED:
+        named[_NAMED:] = [f"{len(named) - _NAMED} more"]
+    return (
+        f"{', '.join(named)}: text that is not valid UTF-8, shown with U+FFFD for each "
+        "invalid byte (the store keeps it as written)"
+    )
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 # -- where a search's statements run ---------------------------------------------------
