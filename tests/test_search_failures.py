@@ -27,14 +27,10 @@ from click.testing import CliRunner, Result
 
 from hermes_store import migrate
 from hermes_store.cli import main
+from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.search import SearchResults, search_messages
 from hermes_store.store import Store
-
-try:  # the generator's home on main (hermes_store/demo/); this branch predates the move
-    from hermes_store.demo import corpus
-except ImportError:
-    from hermes_store import corpus  # type: ignore[no-redef]
 
 CORPUS_MESSAGES = 600
 CORPUS_SEED = 3
