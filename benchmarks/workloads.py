@@ -325,8 +325,17 @@ def split_parity_queries(
     return regular, pathological
 
 
+@dataclass(frozen=True, eq=False)
+class Failed:
+    """A query that raised instead of answering. Equal to nothing, itself included: two
+    layouts failing alike are not answering alike (their answers are not compared)."""
+
+    error: str
+
+
 def parity_answers(path: Path, queries: Sequence[dict[str, Any]]) -> list[Any]:
-    """Every parity query's full answer (rows, order, snippets, context) on one store."""
+    """Every parity query's full answer (rows, order, snippets, context) on one store; a
+    query that raised, its :class:`Failed`."""
     engine = engine_for(path)
     answers: list[Any] = []
     try:
@@ -337,8 +346,8 @@ def parity_answers(path: Path, queries: Sequence[dict[str, Any]]) -> list[Any]:
             for kwargs in queries:
                 try:
                     answers.append(search_messages(conn, **kwargs))
-                except Exception as exc:  # a failure is an answer too: compare it
-                    answers.append(f"{type(exc).__name__}: {exc}")
+                except Exception as exc:  # no answer: never equal to another
+                    answers.append(Failed(f"{type(exc).__name__}: {exc}"))
                 conn.rollback()
     finally:
         engine.dispose()
@@ -350,7 +359,10 @@ class Parity:
     """How a layout's answers compare with inline's."""
 
     queries: int
+    #: Queries answered otherwise than by inline, or that failed on either side.
     differing: list[int] = field(default_factory=list)
+    #: Of those, the ones that failed (on either side).
+    failed: list[int] = field(default_factory=list)
     with_hits: int = 0
 
     @property
@@ -363,8 +375,10 @@ def compare_answers(reference: Sequence[Any], answers: Sequence[Any]) -> Parity:
     """Count the queries whose answers differ from the reference."""
     parity = Parity(len(reference))
     for index, (expected, actual) in enumerate(zip(reference, answers, strict=True)):
-        if expected != actual:
+        if expected != actual:  # a Failed is equal to nothing
             parity.differing.append(index)
+        if isinstance(expected, Failed) or isinstance(actual, Failed):
+            parity.failed.append(index)
         if isinstance(actual, list) and actual:
             parity.with_hits += 1
     return parity

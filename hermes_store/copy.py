@@ -71,7 +71,7 @@ from hermes_store.engine import (
     to_url,
 )
 from hermes_store.errors import SchemaTooNew, StoreError, StoreNotFound
-from hermes_store.models import SERVER_NUL, Base
+from hermes_store.models import Base
 from hermes_store.revisions import head_revision, script_directory
 from hermes_store.tablesum import row_digest, table_sum
 
@@ -602,29 +602,6 @@ def _check_source(conn: Connection, url: str, head: str) -> tuple[str, ...]:
     return revision
 
 
-def _check_text_for_postgresql(conn: Connection) -> None:
-    """Refuse, before writing, text that PostgreSQL would give back changed.
-
-    PostgreSQL text cannot hold NUL: the models carry it as U+FFFE there (see
-    ``hermes_store.models.SERVER_NUL``) and read U+FFFE back as NUL. So a SQLite text that
-    already holds U+FFFE (a Unicode noncharacter) would come back as another string.
-    """
-    for table in copied_tables():
-        texts = [c for c in table.columns if "TEXT" in str(c.type).upper()]
-        if not texts:
-            continue
-        held = or_(*(func.instr(column, SERVER_NUL) > 0 for column in texts))
-        keys = conn.execute(select(*_key(table)).where(held).limit(6)).all()
-        if keys:
-            count = conn.execute(select(func.count()).select_from(table).where(held)).scalar()
-            shown = ", ".join(str(k[0] if len(k) == 1 else tuple(k)) for k in keys[:5])
-            raise CopyRefused(
-                f"--from: {count} row(s) of {table.name} hold the character U+FFFE (key "
-                f"{shown}{', ...' if len(keys) > 5 else ''}), which the PostgreSQL data layer "
-                "uses to carry NUL: it would come back as NUL. Nothing was changed"
-            )
-
-
 def _check_collisions(source: Connection, target: Connection, table: Table, after: Any) -> None:
     """--append: refuse keys of the source already in the target with another row."""
     reader = _Reader(source, table)
@@ -764,8 +741,6 @@ def copy_store(
     try:
         with _snapshot(reader_engine) as src:
             revision = _check_source(src, source_url, head)
-            if is_server(target_url) and not is_server(source_url):
-                _check_text_for_postgresql(src)
         plan = _inspect_target(target_url, revision)
         identity = _source_identity(source_url)
         marker = _read_marker(plan.markers, SOURCE_MARKER)

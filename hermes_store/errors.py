@@ -88,3 +88,7 @@ class ServerUnavailable(StoreError):
 
 class NotOnThisDatabase(StoreError):
     """The command means something only on SQLite (or only on a server database)."""
+
+
+class TextNotStorable(StoreError, ValueError):
+    """A text holds a lone surrogate, which no database the store runs on can hold."""

@@ -6,6 +6,10 @@ BYTEA on PostgreSQL, and every partial index is partial on both."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from typing import Any
+
 from sqlalchemy import BLOB as SQLITE_BLOB
 from sqlalchemy import INTEGER as SQLITE_INTEGER
 from sqlalchemy import REAL as SQLITE_REAL
@@ -17,38 +21,103 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     desc,
+    event,
     func,
     literal_column,
     text,
 )
 from sqlalchemy.dialects.postgresql import BIGINT, BYTEA, DOUBLE_PRECISION
-from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, WriteOnlyMapped, mapped_column, relationship
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Mapper,
+    WriteOnlyMapped,
+    mapped_column,
+    relationship,
+)
 from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from hermes_store.errors import TextNotStorable
 
 #: SQLite's column types, and what holds the same values on PostgreSQL: INTEGER is 64-bit
 #: in SQLite, and REAL an 8-byte float (PostgreSQL's REAL is 4 bytes: timestamps would
 #: lose their seconds).
 #: PostgreSQL text cannot hold NUL, which SQLite stores do (the multimodal content prefix
-#: "\x00json:", binary tool output). On PostgreSQL a NUL is stored as U+FFFE, a Unicode
-#: noncharacter (never part of text people write or exchange), and read back as NUL: what
-#: the data layer gives and takes is the same on both databases.
+#: "\x00json:", binary tool output). So PostgreSQL stores text in a code, and what the data
+#: layer gives and takes is the same on both databases:
+#:
+#: - NUL is stored as U+FFFE (a Unicode noncharacter: never in text people exchange);
+#: - U+FFFE, U+FFFF, U+FDD0 and U+FDD1 themselves (noncharacters too) as U+FFFF followed by
+#:   two of U+FDD0 / U+FDD1 (:data:`_ESCAPES`);
+#: - every other character as itself.
+#:
+#: It is injective (U+FFFF starts an escape and only that, U+FDD0 / U+FDD1 follow it and
+#: only that), and it keeps what search reads on the server true of the text itself: U+FFFE
+#: stands for NUL alone, so ``split_part(text, U+FFFE, 1)`` is the text up to its first NUL;
+#: and an escape is never found inside another, so the code of a string is in the code of a
+#: text exactly when the string is in the text (LIKE, strpos, the trigram index). Stores
+#: written before the escapes held NUL as U+FFFE already: they read the same. Reading is
+#: total: a U+FFFF, U+FDD0 or U+FDD1 that is no escape (such an earlier store could hold
+#: one) reads as itself.
 NUL = "\x00"
 SERVER_NUL = "\ufffe"
+SERVER_ESCAPE = "\uffff"
+_ESCAPES = {
+    "\ufffe": "\uffff\ufdd0\ufdd0",
+    "\uffff": "\uffff\ufdd0\ufdd1",
+    "\ufdd0": "\uffff\ufdd1\ufdd0",
+    "\ufdd1": "\uffff\ufdd1\ufdd1",
+}
+_TO_SERVER = {NUL: SERVER_NUL, **_ESCAPES}
+_FROM_SERVER = {code: char for char, code in _TO_SERVER.items()}
+_CODED_CHARACTER = re.compile("[\x00\ufffe\uffff\ufdd0\ufdd1]")
+_CODE = re.compile("\ufffe|\uffff[\ufdd0\ufdd1]{2}")
 
 
 def to_server_text(value: str) -> str:
-    """A string as PostgreSQL stores it (NUL as U+FFFE)."""
-    return value.replace(NUL, SERVER_NUL) if NUL in value else value
+    """A string as PostgreSQL stores it (NUL as U+FFFE, see :data:`SERVER_NUL`)."""
+    # `in` first: constant time where the string cannot hold the character (ASCII and
+    # Latin-1 strings cannot hold a noncharacter), a scan in C otherwise; no escape to
+    # write is the usual case, NUL alone the next.
+    if value.isascii() or not (
+        "\ufffe" in value or "\uffff" in value or "\ufdd0" in value or "\ufdd1" in value
+    ):
+        return value.replace(NUL, SERVER_NUL) if NUL in value else value
+    return _CODED_CHARACTER.sub(lambda found: _TO_SERVER[found[0]], value)
 
 
 def from_server_text(value: str) -> str:
     """A string read from PostgreSQL as the data layer gives it (U+FFFE as NUL)."""
-    return value.replace(SERVER_NUL, NUL) if SERVER_NUL in value else value
+    if value.isascii():
+        return value
+    if SERVER_ESCAPE not in value:
+        return value.replace(SERVER_NUL, NUL) if SERVER_NUL in value else value
+    return _CODE.sub(lambda found: _FROM_SERVER[found[0]], value)
+
+
+#: Why a text holding a lone surrogate is refused: neither database holds one (sqlite3 and
+#: psycopg encode text as UTF-8, which has no lone surrogates).
+UNSTORABLE_TEXT = (
+    "the text for column '{column}' holds a lone surrogate (a code point from U+D800 to "
+    "U+DFFF), which neither SQLite nor PostgreSQL can store: nothing was written. Pass "
+    "valid Unicode (e.g. decode bytes with errors='replace')"
+)
+
+
+def unstorable_text(values: Iterable[tuple[str, Any]]) -> TextNotStorable | None:
+    """The refusal of the first (column, value) whose text cannot be stored, or None."""
+    for column, value in values:
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return TextNotStorable(UNSTORABLE_TEXT.format(column=column))
+    return None
 
 
 class ServerText(TypeDecorator[str]):
-    """TEXT on PostgreSQL, with NUL carried as U+FFFE both ways (see :data:`SERVER_NUL`)."""
+    """TEXT on PostgreSQL, stored in the code of :data:`SERVER_NUL` (NUL as U+FFFE)."""
 
     impl = SQLITE_TEXT
     cache_ok = True
@@ -76,6 +145,19 @@ class Base(DeclarativeBase):
     legacy DDL does not say NOT NULL on them (SQLite then allows NULL in a TEXT key);
     the models describe the schema as it is, so that autogenerate finds no difference.
     """
+
+
+@event.listens_for(Base, "before_insert", propagate=True)
+@event.listens_for(Base, "before_update", propagate=True)
+def _refuse_unstorable_text(mapper: Mapper[Any], _connection: Connection, target: Any) -> None:
+    """A flush refuses an object holding text no database can store, before its row is
+    written (the Store's own writes refuse it in ``hermes_store.prepared``)."""
+    values = vars(target)
+    refusal = unstorable_text(
+        (attribute.columns[0].name, values.get(attribute.key)) for attribute in mapper.column_attrs
+    )
+    if refusal is not None:
+        raise refusal
 
 
 class AgentSession(Base):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import sqlite3
 import threading
@@ -44,7 +45,7 @@ from hermes_store.engine import (
     sqlite_timeout,
     translate_server_error,
 )
-from hermes_store.models import from_server_text, to_server_text
+from hermes_store.models import from_server_text, to_server_text, unstorable_text
 
 _DIALECT = sqlite.dialect()
 #: The logger of the store's engine (create_store_engine): statements are logged there.
@@ -121,7 +122,8 @@ def _server_dialect() -> Dialect:
 
 
 class _ServerCursor:
-    """A psycopg cursor whose rows give NUL where PostgreSQL text holds U+FFFE."""
+    """A psycopg cursor whose rows give text as the data layer gives it (NUL where
+    PostgreSQL holds U+FFFE: ``hermes_store.models.from_server_text``)."""
 
     __slots__ = ("_cursor",)
 
@@ -153,8 +155,12 @@ class Driver:
     """A DBAPI connection running prepared statements: a pooled one, or the Store's own.
 
     On PostgreSQL (``server``) the statements run in their PostgreSQL form, text crosses
-    with NUL as U+FFFE (as the models' TEXT does), and a driver error the operator can act
-    on is raised as its domain error, as through the engine.
+    in the server's code (``hermes_store.models.to_server_text``, as the models' TEXT does),
+    and a driver error the operator can act on is raised as its domain error, as through
+    the engine. In a write transaction (:meth:`begin_write`), a text neither database can
+    hold (a lone surrogate, which the driver cannot encode) is refused as
+    :class:`~hermes_store.errors.TextNotStorable`, naming its column; the transaction then
+    rolls back whole, as for any failed write.
     """
 
     __slots__ = (
@@ -168,6 +174,7 @@ class Driver:
         "owner",
         "server",
         "url",
+        "writing",
     )
 
     def __init__(
@@ -193,15 +200,30 @@ class Driver:
         self._log = logger.isEnabledFor(logging.INFO)
         self.server = dialect.name == "postgresql"
         self.url = ""
+        #: Whether a write transaction is open (from begin_write to its commit or rollback).
+        self.writing = False
 
-    def run(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-        """Execute one statement; a driver error is raised as SQLAlchemy raises it."""
+    def run(
+        self, sql: str, params: Sequence[Any] = (), *, columns: Sequence[str] = ()
+    ) -> sqlite3.Cursor:
+        """Execute one statement; a driver error is raised as SQLAlchemy raises it.
+
+        ``columns`` names the parameters (repeated for a statement of several rows), so
+        that a text refused in a write names its column.
+        """
         if self._log:
             self.logger.info("%s", sql)
-        if self.server:
-            return self._run_on_server(sql, params)  # type: ignore[return-value]
         try:
+            if self.server:
+                return self._run_on_server(sql, params)  # type: ignore[return-value]
             return self.connection.execute(sql, params)
+        except UnicodeEncodeError:
+            # A read raises it as is: its caller knows nothing can match (search does).
+            named = zip(itertools.cycle(columns), params)
+            unstorable = unstorable_text(named) if self.writing and columns else None
+            if unstorable is None:
+                raise
+            raise unstorable from None
         except sqlite3.Error as exc:
             # A link planted at a side file of the Store's own file (StoreConnections).
             refusal = side_link_refusal(exc, getattr(self.owner, "path", None))
@@ -240,15 +262,23 @@ class Driver:
         """Execute a prepared statement with its parameters by name."""
         if self.server:
             statement = statement.on_server
-        return self.run(*statement.bind(values))
+        try:
+            return self.run(*statement.bind(values))
+        except UnicodeEncodeError:
+            refusal = unstorable_text(values.items()) if self.writing else None
+            if refusal is None:
+                raise
+            raise refusal from None
 
     def begin_write(self) -> None:
         """Begin a write transaction: SQLite's write lock now; psycopg begins on its own."""
         if not self.server:
             self.run("BEGIN IMMEDIATE")
+        self.writing = True
 
     def commit(self) -> None:
         """Commit the transaction."""
+        self.writing = False
         if self.server:
             self.connection.commit()
         else:
@@ -467,6 +497,7 @@ def driver(source: Engine | Connections, *, write: bool = False) -> Iterator[Dri
             yield runner
             runner.commit()
         except BaseException:
+            runner.writing = False
             runner.connection.rollback()  # a no-op when COMMIT ended the transaction
             raise
     finally:

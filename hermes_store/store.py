@@ -576,7 +576,8 @@ class Store:
             for start in range(0, len(rows), _INSERT_CHUNK):
                 chunk = rows[start : start + _INSERT_CHUNK]
                 flat = [value for row in chunk for value in row]
-                ids += (i for (i,) in db.run(_insert_messages_sql(len(chunk), db.server), flat))
+                sql = _insert_messages_sql(len(chunk), db.server)
+                ids += (i for (i,) in db.run(sql, flat, columns=_NEW_MESSAGE_COLUMNS))
         # RETURNING does not promise an order, but AUTOINCREMENT hands out increasing ids
         # in insertion order, which is the order of `rows`: sorted, they match.
         ids.sort()

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from click.testing import CliRunner
@@ -267,6 +267,19 @@ def fingerprint(path: Path) -> str:
 # --------------------------------------------------------------------------------------
 
 
+#: Set (to 1) by CI: a fault test that cannot mount or chattr here fails instead of
+#: skipping (as HERMES_REQUIRE_PG does for the PostgreSQL tests).
+REQUIRE_FAULTS_ENV = "HERMES_REQUIRE_FAULTS"
+
+
+def skip_fault_test(reason: str) -> NoReturn:
+    """Skip a test that needs a file system fault this machine cannot make, saying why; a
+    failure when HERMES_REQUIRE_FAULTS is set."""
+    if os.environ.get(REQUIRE_FAULTS_ENV, "") not in ("", "0"):
+        pytest.fail(f"{reason} ({REQUIRE_FAULTS_ENV} is set)", pytrace=False)
+    pytest.skip(reason)
+
+
 def _root_reason() -> str | None:
     if not sys.platform.startswith("linux"):
         return "needs Linux mounts"
@@ -280,7 +293,7 @@ def tmpfs(directory: Path, size: int) -> Iterator[Path]:
     """A tmpfs of ``size`` bytes mounted at ``directory`` for the block; skip if impossible."""
     reason = _root_reason()
     if reason:
-        pytest.skip(reason)
+        skip_fault_test(reason)
     directory.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory)],
@@ -289,7 +302,7 @@ def tmpfs(directory: Path, size: int) -> Iterator[Path]:
         check=False,
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        skip_fault_test(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
         yield directory
     finally:
@@ -305,10 +318,10 @@ def immutable(path: Path) -> Iterator[Path]:
     """`chattr +i`: not even root may write the file (or create files in the directory)."""
     reason = _root_reason()
     if reason:
-        pytest.skip(reason.replace("mount a tmpfs", "set the immutable attribute"))
+        skip_fault_test(reason.replace("mount a tmpfs", "set the immutable attribute"))
     done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        pytest.skip(f"chattr +i is not supported here: {done.stderr.strip()}")
+        skip_fault_test(f"chattr +i is not supported here: {done.stderr.strip()}")
     try:
         yield path
     finally:

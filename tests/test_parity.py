@@ -454,3 +454,157 @@ def test_snippets_differ_between_queries_so_the_comparison_is_not_trivial(
     assert [hit["snippet"] for hit in like_hits] == [
         "数据-库 与 数_据 与 数x据 与 完成100%的 与 路径\\的 与 100x的"
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# An absolute oracle: FTS5's own SQL on the legacy store, written from the contract
+# --------------------------------------------------------------------------------------------
+
+#: Queries whose sanitised form is plain (so the MATCH expression can be written here, from
+#: the contract's sanitising rules, without the library): the kwargs, then the FTS5 table
+#: and MATCH expression, or None for the LIKE scan (its token).
+ORACLE_QUERIES: list[tuple[dict[str, Any], str | None, str]] = [
+    ({"query": "def"}, "messages_fts", "def"),
+    ({"query": "import"}, "messages_fts", "import"),
+    ({"query": "return self"}, "messages_fts", "return self"),
+    ({"query": '"import os"'}, "messages_fts", '"import os"'),
+    ({"query": "pyth*"}, "messages_fts", "pyth*"),
+    ({"query": "error OR exception"}, "messages_fts", "error OR exception"),
+    ({"query": "import NOT os"}, "messages_fts", "import NOT os"),
+    ({"query": "v1.2.3-rc1"}, "messages_fts", '"v1.2.3-rc1"'),
+    ({"query": "TODO: fix"}, "messages_fts", "TODO  fix"),
+    ({"query": "def", "role_filter": ["assistant"]}, "messages_fts", "def"),
+    ({"query": "def", "source_filter": ["telegram", "discord"]}, "messages_fts", "def"),
+    ({"query": "def", "exclude_sources": ["cli"]}, "messages_fts", "def"),
+    ({"query": "def", "sort": "newest"}, "messages_fts", "def"),
+    ({"query": "def", "limit": 5, "offset": 5}, "messages_fts", "def"),
+    ({"query": "def", "include_inactive": True}, "messages_fts", "def"),
+    ({"query": "error", "limit": -1}, "messages_fts", "error"),
+    ({"query": "数据库连接"}, "messages_fts_trigram", '"数据库连接"'),
+    ({"query": "数据库 OR 服务器"}, "messages_fts_trigram", '"数据库" OR "服务器"'),
+    ({"query": "数据库", "sort": "oldest"}, "messages_fts_trigram", '"数据库"'),
+    ({"query": "数据"}, None, "数据"),
+    ({"query": "的", "exclude_sources": ["cli"], "role_filter": ["user"]}, None, "的"),
+]
+#: The hit's keys the oracle computes (context apart: see _oracle_contexts).
+ORACLE_KEYS = (
+    "id",
+    "snippet",
+    "session_id",
+    "role",
+    "timestamp",
+    "tool_name",
+    "source",
+    "model",
+    "session_started",
+)
+
+
+def _oracle(conn: sqlite3.Connection, query: dict[str, Any], table: str | None, match: str) -> Any:
+    """The contract's statement for one query, run by SQLite itself."""
+    where, params = [], []
+    if table is None:  # the LIKE scan: no visibility filter, newest first, substr snippet
+        pattern = "%" + match.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        where.append(
+            "(m.content LIKE ? ESCAPE '\\' OR m.tool_name LIKE ? ESCAPE '\\' "
+            "OR m.tool_calls LIKE ? ESCAPE '\\')"
+        )
+        params += [pattern] * 3
+        snippet = "substr(m.content, max(1, instr(m.content, ?) - 40), 120)"
+        head_params: list[Any] = [match]
+        source = "messages m"
+        order = "m.timestamp DESC"
+    else:
+        where.append(f"{table} MATCH ?")
+        params.append(match)
+        snippet = f"snippet({table}, 0, '>>>', '<<<', '...', 40)"
+        head_params = []
+        source = f"{table} JOIN messages m ON m.id = {table}.rowid"
+        if not query.get("include_inactive"):
+            where.append("(m.active = 1 OR m.compacted = 1)")
+        sort = str(query.get("sort") or "").strip().lower()
+        rank = f"bm25({table})"
+        order = {"newest": f"m.timestamp DESC, {rank}", "oldest": f"m.timestamp ASC, {rank}"}.get(
+            sort, rank
+        )
+    for key, negate in (("source_filter", ""), ("exclude_sources", "NOT ")):
+        if query.get(key) is not None:
+            where.append(f"s.source {negate}IN ({', '.join('?' * len(query[key]))})")
+            params += query[key]
+    if query.get("role_filter"):
+        where.append(f"m.role IN ({', '.join('?' * len(query['role_filter']))})")
+        params += query["role_filter"]
+    sql = (
+        f"SELECT m.id, {snippet}, m.session_id, m.role, m.timestamp, m.tool_name, s.source, "
+        f"s.model, s.started_at FROM {source} JOIN sessions s ON s.id = m.session_id "
+        f"WHERE {' AND '.join(where)} ORDER BY {order} LIMIT ? OFFSET ?"
+    )
+    page = [query.get("limit", 20), query.get("offset", 0)]
+    return conn.execute(sql, [*head_params, *params, *page]).fetchall()
+
+
+def _oracle_contexts(conn: sqlite3.Connection, hit_id: int) -> list[dict[str, Any]] | None:
+    """The hit's context as the contract states it (the message before, itself, the one
+    after, by timestamp then id, content cut to 200 characters); None when one of them is
+    multimodal (decoded by rules this oracle leaves to the layout comparisons)."""
+    (session,) = conn.execute("SELECT session_id FROM messages WHERE id = ?", (hit_id,)).fetchone()
+    rows = conn.execute(
+        "SELECT id, role, content FROM messages WHERE session_id = ? ORDER BY timestamp, id",
+        (session,),
+    ).fetchall()
+    at = [row[0] for row in rows].index(hit_id)
+    window = rows[max(0, at - 1) : at + 2]
+    if any(isinstance(c, str) and c.startswith("\x00") for _, _, c in window):
+        return None
+    return [
+        {"role": role, "content": content[:200] if isinstance(content, str) else ""}
+        for _, role, content in window
+    ]
+
+
+def test_the_answers_are_fts5s_own_sql_on_the_legacy_store(
+    legacy_store: Path, legacy_answers: list[list[Any]]
+) -> None:
+    """Every comparison above is relative (an upgraded store against the library on the
+    legacy one): a change of the contract that hits both layouts alike (a shorter snippet,
+    another order) passes them all. This one is absolute: FTS5's snippet() and bm25(),
+    the contract's filters, LIKE and substr(), run by SQLite on the legacy store."""
+    by_query = {repr(q): hits for q, hits in zip(ALL_QUERIES, legacy_answers, strict=True)}
+    compared = contexts = 0
+    with contextlib.closing(sqlite3.connect(legacy_store)) as conn:
+        for query, table, match in ORACLE_QUERIES:
+            expected = _oracle(conn, query, table, match)
+            assert expected, f"{query!r}: the oracle has no hits, nothing is compared"
+            hits = by_query[repr(query)]
+            assert [tuple(hit[key] for key in ORACLE_KEYS) for hit in hits] == expected, query
+            compared += len(hits)
+            for hit in hits:
+                context = _oracle_contexts(conn, hit["id"])
+                if context is not None:
+                    assert hit["context"] == context, (query, hit["id"])
+                    contexts += 1
+    assert compared >= 200
+    assert contexts >= 100
+
+
+#: Answers written down: the targeted rows, whose text is known here. The legacy index
+#: holds content, tool_name and tool_calls, joined by spaces (hence the trailing ones).
+PINNED = {
+    "v1.2.3-rc1": [
+        "release >>>v1.2.3-rc1<<< built; sys.argv[1] is my-app.config.ts, chat-send P2.2 "
+        "foo_bar os.path.join __init__ terminal "
+    ],
+    "terminal テスト": [
+        ">>>terminal<<< >>>テスト<<<結果を確認しました。ありがとうございます >>>terminal<<< ..."
+    ],
+    '"self.assertEqual(x, y)" def': [
+        ">>>def<<< test_eq(self):\n    >>>self.assertEqual(x, y<<<)\n    return self  "
+    ],
+    "测试文件 NOT 错误信息": [">>>测试文件<<<已经上传，Python 编程 入门  "],
+}
+
+
+@pytest.mark.parametrize("query", PINNED)
+def test_pinned_answers(legacy_answers: list[list[Any]], query: str) -> None:
+    by_query = {repr(q): hits for q, hits in zip(ALL_QUERIES, legacy_answers, strict=True)}
+    assert [hit["snippet"] for hit in by_query[repr({"query": query})]] == PINNED[query]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Connection, Engine, create_engine, func, select
+from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session
 
 from hermes_store.errors import QueryTooComplex
@@ -414,13 +414,50 @@ def test_match_selectable_routes_cjk(conn: Connection) -> None:
     assert all(row.rank is None for row in conn.execute(like))
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+#: Words of MESSAGES, on each route: random text alone seldom finds anything.
+FOUND_WORDS = ("deploy", "terminal", "chat-send", "tie", "数据库连接", "数据", "합니다")
+#: What the store says of a message's hit: the contract's fields, from the tables.
+HIT_FACTS = text(
+    "SELECT m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at "
+    "FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id = :id"
 )
-@given(query=st.text(max_size=60), sort=st.sampled_from([None, "newest", "oldest", "x"]))
-def test_search_never_raises_on_text(conn: Connection, query: str, sort: str | None) -> None:
+HIT_FACT_KEYS = ("session_id", "role", "timestamp", "tool_name", "source", "model")
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    query=st.one_of(
+        st.text(max_size=60),
+        st.sampled_from(FOUND_WORDS),
+        st.tuples(st.sampled_from(FOUND_WORDS), st.text(max_size=20)).map(" OR ".join),
+    ),
+    sort=st.sampled_from([None, "newest", "oldest", "x"]),
+)
+def _search_answers_any_text(conn: Connection, query: str, sort: str | None) -> None:
     hits = search_messages(conn, query, sort=sort, include_inactive=True)
-    assert all(list(hit) == RESULT_KEYS for hit in hits)
+    ANSWERED.append(len(hits))
+    for hit in hits:
+        assert list(hit) == RESULT_KEYS
+        facts = conn.execute(HIT_FACTS, {"id": hit["id"]}).one()
+        assert tuple(hit[key] for key in HIT_FACT_KEYS) == tuple(facts[:6])
+        assert hit["session_started"] == facts[6]
+        assert 1 <= len(hit["context"]) <= 3  # the hit, and its neighbours in its session
+        assert hit["role"] in [window["role"] for window in hit["context"]]
+
+
+ANSWERED: list[int] = []
+
+
+def test_search_never_raises_on_text_and_its_hits_are_the_stores_rows(conn: Connection) -> None:
+    ANSWERED.clear()
+    _search_answers_any_text(conn)
+    # The hits of a good share of the queries were checked, not only empty answers.
+    assert sum(1 for hits in ANSWERED if hits) >= len(ANSWERED) // 4, ANSWERED
 
 
 def test_repeated_terms_are_searched_once(conn: Connection) -> None:

@@ -236,6 +236,7 @@ def test_the_application_search_never_loses_a_hit_while_its_index_is_rebuilt(
 
 def test_downgrade_while_rebuilding_beside_keeps_the_legacy_index(drifted: Path) -> None:
     before = legacy_hits(drifted)
+    assert sum(bool(hits) for hits in before) >= 18, [len(h) for h in before]
     migrate.upgrade(str(drifted), x={"fts_backfill": "deferred"})
     migrate.downgrade(str(drifted), "21")
     migrate.downgrade(str(drifted), "fts@-1")
@@ -245,6 +246,7 @@ def test_downgrade_while_rebuilding_beside_keeps_the_legacy_index(drifted: Path)
 
 def test_check_names_the_staged_objects_and_repair_restores_them(drifted: Path) -> None:
     before = legacy_hits(drifted)
+    assert sum(bool(hits) for hits in before) >= 18, [len(h) for h in before]
     migrate.upgrade(str(drifted), x={"fts_backfill": "deferred"})
     with contextlib.closing(sqlite3.connect(drifted)) as conn:
         conn.execute("DROP TRIGGER messages_fts_next_insert")

@@ -50,7 +50,7 @@ from sqlalchemy.exc import DBAPIError
 
 from hermes_store.errors import SearchFailed
 from hermes_store.fts5_snippet import trigram_snippet, word_snippet
-from hermes_store.models import SERVER_NUL, from_server_text, to_server_text
+from hermes_store.models import SERVER_ESCAPE, SERVER_NUL, from_server_text, to_server_text
 from hermes_store.search.context import CONTEXT_WINDOWS, SearchHit, SearchResults, contexts_of
 from hermes_store.search.query import (
     TRIGRAM_INDEX,
@@ -84,6 +84,10 @@ from hermes_store.search.schema import (
 log = logging.getLogger(__name__)
 
 SNIPPET_TOKENS = 40
+#: The LIKE scan's snippet: this many characters of the content, from this many before the
+#: first token (the contract's substr(content, instr(content, token) - 40, 120)).
+LIKE_SNIPPET_BEFORE = 40
+LIKE_SNIPPET_LENGTH = 120
 SNIPPET_MARKS = {"start": ">>>", "end": "<<<", "ellipsis": "..."}
 #: Up to this NEAR distance a two-phrase NEAR group is translated exactly (an OR of the
 #: ``<N>`` distances, both orders); beyond, and for three phrases or more, as the AND of
@@ -247,7 +251,7 @@ def _like_condition(tokens: Sequence[str], binds: _Binds) -> ColumnElement[bool]
             needle = _ascii_folded(binds(to_server_text(token)))
             tests = [func.strpos(_ascii_folded(column), needle) > 0 for column in columns]
         elif any(char.isascii() and char.isalpha() for char in token):
-            regex = binds(_ascii_caseless(token))
+            regex = binds(_ascii_caseless(to_server_text(token)))
             tests = [_before_nul(column).op("~", return_type=Boolean)(regex) for column in columns]
         else:
             pattern = binds(_like_pattern(token))
@@ -386,12 +390,25 @@ def like_statement(
     binds = _Binds()
     condition = _like_condition(route.like_tokens, binds)
     first = binds(to_server_text(route.like_tokens[0]))
-    start = func.greatest(1, func.strpos(_m.c.content, first) - 40)
-    snippet = func.substr(_m.c.content, start, 120, type_=String).label("snippet")
+    start = func.greatest(1, func.strpos(_m.c.content, first) - LIKE_SNIPPET_BEFORE)
+    # Positions count stored characters: where an escape (3 of them for 1) is in the text,
+    # the whole text comes back and the snippet is cut in Python (_like_snippet).
+    snippet = case(
+        (func.strpos(_m.c.content, SERVER_ESCAPE) > 0, _m.c.content),
+        else_=func.substr(_m.c.content, start, LIKE_SNIPPET_LENGTH, type_=String),
+    ).label("snippet")
     statement = _select(condition, filters, visibility=False).add_columns(snippet)
     statement = statement.order_by(_m.c.timestamp.desc(), _m.c.id)
     statement, values = _paged(statement, page)
     return statement, {**_filter_values(filters), **binds.values, **values}
+
+
+def _like_snippet(stored: str, first: str) -> str:
+    """The LIKE scan's snippet of a stored text holding an escape, as like_statement's SQL
+    cuts a text without one: from LIKE_SNIPPET_BEFORE characters before ``first``."""
+    content = from_server_text(stored)
+    start = max(0, content.find(first) - LIKE_SNIPPET_BEFORE)  # find: strpos - 1
+    return content[start : start + LIKE_SNIPPET_LENGTH]
 
 
 # -- one search ----------------------------------------------------------------------------
@@ -541,7 +558,11 @@ def search(
             row["snippet"] = snippets(documents[int(row["id"])])
     else:
         for row in rows:
-            if row["snippet"] is not None:
+            if row["snippet"] is None:
+                continue
+            if SERVER_ESCAPE in row["snippet"]:  # the whole text: see like_statement
+                row["snippet"] = _like_snippet(row["snippet"], route.like_tokens[0])
+            else:
                 row["snippet"] = from_server_text(row["snippet"])
     log.debug("search: %d hit(s) from %s", len(rows), route.index or "LIKE scan")
     try:
