@@ -39,7 +39,7 @@ from hermes_store.engine import (
     sqlite_errors,
     translate_error,
 )
-from hermes_store.errors import NotOnThisDatabase, StoreError, StoreNotFound
+from hermes_store.errors import NotOnThisDatabase, StoreError, StoreNotFound, one_line
 from hermes_store.fts import CheckResult
 from hermes_store.maintenance import RepairResult, check_store, repair, store_stats
 from hermes_store.maintenance import optimize as optimize_store
@@ -60,9 +60,21 @@ DB_HELP = (
 )
 
 
+def _named_store(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """--db as given; an empty value (an unset shell variable) would mean the default store."""
+    if value == "":
+        raise click.BadParameter(
+            "an empty value names no store: give a path or URL, or leave --db out to use "
+            "$HERMES_STORE_URL, else $HERMES_HOME/state.db"
+        )
+    return value
+
+
 def db_option(func: F) -> F:
     """The --db option every command takes."""
-    return click.option("--db", "db", metavar="PATH_OR_URL", default=None, help=DB_HELP)(func)
+    return click.option(
+        "--db", "db", metavar="PATH_OR_URL", default=None, help=DB_HELP, callback=_named_store
+    )(func)
 
 
 def json_option(func: F) -> F:
@@ -83,33 +95,38 @@ def _progress(enabled: bool) -> Callable[[str], None]:
     return step
 
 
+class OperatorError(click.ClickException):
+    """A failure told in one line: what it names (a path, a URL) cannot break it in two."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
+
+
 @contextlib.contextmanager
 def operator_errors() -> Iterator[None]:
     """Turn every expected failure into a one-line message and a non-zero exit."""
     try:
         yield
     except StoreError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise OperatorError(str(exc)) from None
     except CommandError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise OperatorError(str(exc)) from None
     except (DBAPIError, sqlite3.Error, OSError) as exc:
         translated = translate_error(exc)
         if translated is not None:
-            raise click.ClickException(str(translated)) from None
+            raise OperatorError(str(translated)) from None
         if isinstance(exc, OSError):
-            raise click.ClickException(
-                f"{exc.strerror or exc}: {exc.filename or ''}".strip()
-            ) from None
+            raise OperatorError(f"{exc.strerror or exc}: {exc.filename or ''}".strip()) from None
         detail = str(getattr(exc, "orig", exc))
         if _from_server(exc):
             lines = detail.strip().splitlines() or [type(exc).__name__]
-            raise click.ClickException(f"PostgreSQL error: {lines[0]}") from None
+            raise OperatorError(f"PostgreSQL error: {lines[0]}") from None
         if "not a database" in detail or "malformed" in detail:
-            raise click.ClickException(
-                f"SQLite cannot read the store ({detail}); run `hermes-store check` or restore "
-                "a backup"
+            raise OperatorError(
+                f"SQLite cannot read the store ({detail}): it is damaged; `hermes-store check` "
+                "names what is broken, and a backup restores it"
             ) from None
-        raise click.ClickException(f"SQLite error: {detail}") from None
+        raise OperatorError(f"SQLite error: {detail}") from None
 
 
 def _from_server(exc: BaseException) -> bool:

@@ -89,12 +89,31 @@ def to_url(path_or_url: str | os.PathLike[str], *, resolve_link: bool = True) ->
     unless ``resolve_link`` is false (the caller looks at the file itself).
     """
     text = os.fspath(path_or_url)
+    if not text or "\x00" in text:
+        raise StoreError(
+            f"{'an empty name' if not text else 'a name with a NUL character'} names "
+            "no store: give the store's path or a URL (sqlite:///PATH, "
+            f"postgresql+{PG_DRIVER}://USER@HOST/DATABASE)"
+        )
     if "://" in text:
         return _supported_url(text)
     if text == ":memory:":
         return "sqlite://"
     name = _absolute_name(text)
     return _file_url(_link_followed(name) if resolve_link else name)
+
+
+def _require_utf8(name: str, what: str) -> None:
+    """Refuse a name that is not UTF-8 (bytes Python carries as lone surrogates): SQLite and
+    the database URL take UTF-8 text only."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(name).decode("utf-8", "backslashreplace")
+        raise StoreError(
+            f"{shown}: {what} is not valid UTF-8, and SQLite opens UTF-8 file names only; "
+            "rename the file or directory (or link to it from a UTF-8 name)"
+        ) from None
 
 
 def _absolute_name(text: str) -> str:
@@ -142,21 +161,48 @@ def _link_followed(name: str) -> str:
 @functools.lru_cache(maxsize=64)
 def _file_url(database: str) -> str:
     """The URL of a database file (escaped: see :func:`to_url`); kept, as each open takes it."""
+    _require_utf8(database, "the path")
     return URL.create("sqlite", database=database).render_as_string(hide_password=False)
 
 
+@functools.lru_cache(maxsize=64)  # a URL is checked once per process, not at each open
 def _supported_url(text: str) -> str:
     """A SQLite URL as given; a PostgreSQL one with the psycopg 3 driver named; else refused.
 
     ``postgres://`` and ``postgresql://`` (which SQLAlchemy would hand to psycopg2) mean
-    ``postgresql+psycopg://``.
+    ``postgresql+psycopg://``. What SQLAlchemy would only find wrong when it connects (a
+    port that is not a number, an option its driver cannot take) is refused here, in one
+    line that never shows the URL's password.
     """
+    _require_utf8(text, "the URL")
     try:
         parsed = make_url(text)
-    except ArgumentError as exc:
-        raise StoreError(f"not a database URL: {exc}") from exc
+    except ArgumentError:
+        raise StoreError(
+            "not a database URL: expected a file path, sqlite:///PATH or "
+            f"postgresql+{PG_DRIVER}://USER@HOST[:PORT]/DATABASE"
+        ) from None
+    except ValueError as exc:  # the port: SQLAlchemy reads it with int()
+        port = str(exc).rpartition(": ")[2]
+        hint = " (an IPv6 address goes in brackets: [::1]:5432)" if "[" in text else ""
+        raise StoreError(
+            f"not a database URL: its port {port} is not a number{hint}; write "
+            f"postgresql+{PG_DRIVER}://USER@HOST:PORT/DATABASE with PORT from 1 to 65535, or "
+            "leave the port out for 5432"
+        ) from None
     backend, _, driver_name = parsed.drivername.partition("+")
     if backend == SQLITE:
+        if driver_name not in ("", "pysqlite"):
+            raise StoreError(
+                f"{parsed.drivername}://: hermes-store opens SQLite through Python's sqlite3 "
+                "only; use sqlite:///PATH"
+            )
+        if parsed.username or parsed.password or parsed.host or parsed.port:
+            raise StoreError(
+                f"{display_url(parsed)}: a SQLite URL names a file, not a user or a host; "
+                "write sqlite:///RELATIVE/PATH or sqlite:////ABSOLUTE/PATH"
+            )
+        _check_driver_options(parsed, "sqlite:///RELATIVE/PATH or sqlite:////ABSOLUTE/PATH")
         return text
     if backend in (POSTGRESQL, "postgres"):
         if driver_name and driver_name != PG_DRIVER:
@@ -165,11 +211,70 @@ def _supported_url(text: str) -> str:
                 f"only; use postgresql+{PG_DRIVER}://..."
             )
         parsed = parsed.set(drivername=f"{POSTGRESQL}+{PG_DRIVER}")
+        if parsed.port is not None and not 0 < parsed.port < 65536:
+            raise StoreError(
+                f"{display_url(parsed)}: port {parsed.port} is out of range; ports go from 1 "
+                "to 65535 (leave it out for 5432)"
+            )
+        _check_driver_options(parsed, f"postgresql+{PG_DRIVER}://USER@HOST[:PORT]/DATABASE")
+        _check_host_names(parsed)
         return parsed.render_as_string(hide_password=False)
     raise StoreError(
         f"{parsed.drivername}:// is not supported: hermes-store runs on SQLite (a file path or "
         f"sqlite:///PATH) and PostgreSQL (postgresql+{PG_DRIVER}://USER@HOST/DATABASE)"
     )
+
+
+def _check_host_names(parsed: URL) -> None:
+    """Refuse a host name that cannot be looked up at all (not IDNA, a NUL in it): psycopg
+    would raise the encoding error itself, where an unknown host is a connection error."""
+    in_query = parsed.query.get("host", ())
+    given = [parsed.host or "", *((in_query,) if isinstance(in_query, str) else in_query)]
+    for names in given:
+        for host in names.split(","):
+            if not host or host.startswith("/") or host.startswith("["):
+                continue
+            try:
+                host.encode("idna")
+                if "\x00" in host:
+                    raise UnicodeError("NUL")
+            except UnicodeError:
+                shown = host.encode("unicode_escape").decode("ascii")
+                raise StoreError(
+                    f"{display_url(parsed)}: {shown!r} is not a host name (letters, digits, "
+                    "dots and dashes, an IP address, or a socket directory); fix the URL's host"
+                ) from None
+
+
+def _check_driver_options(parsed: URL, form: str) -> None:
+    """Refuse a URL the dialect would refuse when it connects: a SQLite URL with a host, or
+    a query option whose value the dialect cannot read (``timeout=soon``), named."""
+    dialect = parsed.get_dialect()()
+    try:
+        with warnings.catch_warnings(record=True) as ignored:
+            warnings.simplefilter("always")
+            dialect.create_connect_args(parsed)
+    except (ArgumentError, ValueError, TypeError):
+        pass
+    else:
+        if ignored:  # options SQLAlchemy would drop with a warning (`?mode=ro` without uri)
+            said = str(ignored[0].message)
+            names = said.partition("argument(s) ")[2].partition(" are not")[0] or said
+            raise StoreError(
+                f"{display_url(parsed)}: the driver would ignore the option(s) {names}; "
+                "SQLite's own options need uri=true (sqlite:///file:PATH?mode=ro&uri=true): "
+                "fix or drop them"
+            )
+        return
+    for key, value in parsed.query.items():
+        try:
+            dialect.create_connect_args(parsed.set(query={key: value}))
+        except (ArgumentError, ValueError, TypeError):
+            raise StoreError(
+                f"{display_url(parsed)}: the URL's option {key}={value!r} has a value its "
+                f"driver cannot read; fix the value or drop the option ({form})"
+            ) from None
+    raise StoreError(f"{display_url(parsed)}: not a usable URL; write {form}")
 
 
 def backend_name(url: str) -> str:
@@ -192,7 +297,7 @@ def require_sqlite(url: str, what: str) -> None:
         )
 
 
-def display_url(url: str) -> str:
+def display_url(url: str | URL) -> str:
     """The URL as it may be shown to an operator: any password hidden."""
     return make_url(url).render_as_string(hide_password=True)
 
@@ -881,8 +986,27 @@ def _install_listeners(engine: Engine, path: Path | None, *, wal: bool) -> None:
         full = _name_full_disk(context, path)
         if full is not None:
             return full
+        if context.connection is None:  # the opening itself: what the URL asked for
+            refusal = _url_refusal(context.original_exception, path, engine.url)
+            if refusal is not None:
+                return refusal
         # A link planted at a side file since the store was opened.
         return side_link_refusal(context.original_exception, path)
+
+
+#: What SQLite says when a URI option of the URL names something it does not have.
+_URI_REFUSALS = ("no such vfs", "no such access mode", "no such cache mode")
+
+
+def _url_refusal(error: BaseException, path: Path | None, url: URL) -> StoreError | None:
+    """The one line for a store SQLite cannot open as its URL's options ask, else None."""
+    detail = str(error)
+    if not detail.startswith(_URI_REFUSALS):
+        return None
+    return StoreError(
+        f"{path or display_url(url)}: SQLite cannot open the store as the URL asks ({detail}); fix "
+        "or drop that option after '?' in --db / HERMES_STORE_URL (mode is ro, rw or rwc)"
+    )
 
 
 def _name_full_disk(context: ExceptionContext, path: Path | None) -> DiskFull | None:
