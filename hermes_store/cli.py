@@ -174,7 +174,19 @@ def backup_options(func: F) -> F:
 
 
 def open_existing(db: str | None) -> Engine:
-    """An engine on an existing store, checked read-only first; never creates a file."""
+    """An engine on an existing store, checked read-only first; never creates a file.
+
+    The engine is disposed of when the command ends, failed or not: its pooled connections
+    would keep the store's -wal and -shm.
+    """
+    engine = _open_existing(db)
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.call_on_close(engine.dispose)
+    return engine
+
+
+def _open_existing(db: str | None) -> Engine:
     url, path = store_url(db, create_home=False)
     if is_server(url):
         return _open_server(url)

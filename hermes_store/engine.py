@@ -476,6 +476,73 @@ def require_writable(path: Path | None) -> None:
         )
 
 
+def _file_uri(path: Path, options: str) -> str:
+    """A sqlite3 URI of the store file with ``options`` (``mode=ro``...), the name escaped."""
+    return f"{Path(os.path.abspath(path)).as_uri()}?{options}"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+class _ReadOnlyConnection(sqlite3.Connection):
+    """A connection that cannot write its store, and removes, once closed, the -wal and -shm
+    that SQLite created for it (see :func:`connect_read_only`)."""
+
+    created_by_us: tuple[Path, list[str]] | None = None
+
+    def close(self) -> None:
+        super().close()
+        if self.created_by_us is not None:
+            path, absent = self.created_by_us
+            self.created_by_us = None
+            _remove_side_files_created(path, absent)
+
+
+def connect_read_only(
+    path: Path, *, timeout: float = 5.0, check_same_thread: bool = True
+) -> sqlite3.Connection:
+    """A sqlite3 connection that cannot write the store at ``path`` and leaves no file behind.
+
+    SQLite's read-only mode (``mode=ro``). A read-only connection to a WAL store creates the
+    -wal and -shm it needs but cannot remove them when it closes, as the last connection
+    that may write does: whatever it created and was not used since is removed when it
+    closes (:func:`_remove_side_files_created`).
+    """
+    path = Path(os.path.realpath(path))  # a linked store: its side files are the target's
+    uri = _file_uri(path, "mode=ro")
+    absent = [side for side in (f"{path}-wal", f"{path}-shm") if not os.path.lexists(side)]
+    conn = sqlite3.connect(
+        uri,
+        uri=True,
+        timeout=timeout,
+        check_same_thread=check_same_thread,
+        factory=_ReadOnlyConnection,
+    )
+    if absent and writable_problem(path) is None:
+        conn.created_by_us = (path, absent)
+    return conn
+
+
+def _remove_side_files_created(path: Path, absent: list[str]) -> None:
+    """Have SQLite remove the -wal and -shm a read-only connection left (``absent`` before it
+    opened): a connection that may write opens the store and closes, and SQLite removes
+    them as at any last close, only when no other connection has the store open. A -wal
+    that holds anything was written by another connection since: its close removes it.
+    """
+    if not any(os.path.lexists(side) for side in absent) or _size(Path(f"{path}-wal")):
+        return
+    with contextlib.suppress(sqlite3.Error):
+        tidy = sqlite3.connect(path, timeout=0)
+        try:
+            tidy.execute("PRAGMA schema_version")  # opens the WAL (a damaged store may fail)
+        finally:
+            tidy.close()
+
+
 #: SQLite's primary result codes this module acts on (the extended code's low byte).
 SQLITE_IOERR = 10
 SQLITE_FULL = 13

@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from alembic import command as alembic_command
+from hermes_store import corpus
 from hermes_store.cli import main
 from hermes_store.engine import ENV_URL, to_url
 from hermes_store.errors import StoreError
@@ -141,9 +143,11 @@ def test_the_library_raises_a_domain_error_for_a_bad_port() -> None:
 def test_a_uri_option_sqlite_refuses_is_one_line_naming_it(option: str, tmp_path: Path) -> None:
     store = tmp_path / "state.db"
     assert invoke(["upgrade", "--create", "--db", str(store)]).exit_code == 0
+    before = files_under(tmp_path)
     url = f"sqlite:///file:{store}?{option}&uri=true"
     for command in (["current"], ["stats"], ["optimize"]):
         assert_one_line(invoke([*command, "--db", url]), option.split("=")[1], "drop")
+    assert files_under(tmp_path) == before
 
 
 def test_an_empty_db_option_is_refused_rather_than_read_as_the_default() -> None:
@@ -398,3 +402,50 @@ def test_any_option_value_is_answered_in_one_line_and_creates_nothing(args: list
         if args[0] != "history":  # history lists the revisions without a store
             assert result.exit_code != 0, (args, result.output)
         assert files_under(directory) == []
+
+
+#: Commands that only read a store, and the flags they may take here (--repair writes).
+READING = ("current", "stats", "storage", "check", "search", "history")
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store at head with a few hundred messages, which the reading commands only read."""
+    path = tmp_path_factory.mktemp("input") / "state.db"
+    assert invoke(["upgrade", "--create", "--db", str(path)]).exit_code == 0
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        corpus.populate(conn, corpus.generate(120, 3))
+        conn.commit()
+    return path
+
+
+@st.composite
+def reading_command_lines(draw: st.DrawFn) -> list[str]:
+    """A reading command with any values (and flags) of its options."""
+    name = draw(st.sampled_from(READING))
+    command = main.commands[name]
+    args = [name, *(["some words"] if name == "search" else [])]
+    params = [
+        param
+        for param in command.params
+        if isinstance(param, click.Option) and param.name not in ("db", "repair_")
+    ]
+    for option in draw(st.lists(st.sampled_from(params), max_size=4)):
+        args.append(option.opts[-1])
+        if not option.is_flag:
+            args.append(draw(st.one_of(ARGV_TEXT, st.integers().map(str))))
+    return args
+
+
+@INPUT_SETTINGS
+@given(args=reading_command_lines())
+@example(args=["search", "-docker", "--limit", "0"])
+@example(args=["search", "some words", "--sort", "sideways"])
+@example(args=["check", "--backup", "x.db"])
+def test_any_option_value_of_a_reading_command_changes_nothing(
+    args: list[str], small_store: Path
+) -> None:
+    before = (small_store.read_bytes(), files_under(small_store.parent))
+    result = invoke([*args, "--db", str(small_store)])
+    assert_clean(result)
+    assert (small_store.read_bytes(), files_under(small_store.parent)) == before
