@@ -34,10 +34,12 @@ from hermes_store.engine import (
     db_path,
     display_url,
     is_server,
+    read_only_opening,
     require_writable,
     resolve_url,
     sqlite_errors,
     translate_error,
+    writable_problem,
 )
 from hermes_store.errors import NotOnThisDatabase, StoreError, StoreNotFound, one_line
 from hermes_store.fts import CheckResult
@@ -173,20 +175,22 @@ def backup_options(func: F) -> F:
     )(func)
 
 
-def open_existing(db: str | None) -> Engine:
+def open_existing(db: str | None, *, reading: bool = False) -> Engine:
     """An engine on an existing store, checked read-only first; never creates a file.
 
+    ``reading``: the command only reads, so a store that cannot be written is read anyway
+    (read-only, saying so on stderr); otherwise such a store is refused before anything.
     The engine is disposed of when the command ends, failed or not: its pooled connections
     would keep the store's -wal and -shm.
     """
-    engine = _open_existing(db)
+    engine = _open_existing(db, reading=reading)
     context = click.get_current_context(silent=True)
     if context is not None:
         context.call_on_close(engine.dispose)
     return engine
 
 
-def _open_existing(db: str | None) -> Engine:
+def _open_existing(db: str | None, *, reading: bool) -> Engine:
     url, path = store_url(db, create_home=False)
     if is_server(url):
         return _open_server(url)
@@ -201,7 +205,14 @@ def _open_existing(db: str | None) -> Engine:
             f"{path or url}: the database is empty, not a Hermes store yet; make it one with "
             "`hermes-store upgrade`"
         )
-    return create_store_engine(url, create=False, wal=False)
+    problem = writable_problem(path) if path is not None else None
+    if problem is None or path is None:
+        return create_store_engine(url, create=False, wal=False)
+    if not reading:
+        require_writable(path)
+    opening = read_only_opening(path, problem)
+    click.echo(f"Warning: {opening.note}", err=True)
+    return create_store_engine(url, create=False, wal=False, read_only=opening)
 
 
 def _open_server(url: str) -> Engine:
@@ -576,7 +587,7 @@ def history(db: str | None, fmt: str) -> None:
         current: set[str] = set()
         if db is not None or fmt == "text":
             with contextlib.suppress(StoreError):
-                engine = open_existing(db)
+                engine = open_existing(db, reading=True)
                 with engine.connect() as conn:
                     current = set((migrate.current_revision(conn) or "").split(", "))
                 engine.dispose()
@@ -685,7 +696,7 @@ def current(db: str | None, fmt: str) -> None:
       hermes-store current --db state.db --json
     """
     with operator_errors():
-        engine = open_existing(db)
+        engine = open_existing(db, reading=True)
         info = _current(engine)
     record = {
         "revision": info["revision"] or "(unversioned legacy store)",
@@ -720,7 +731,7 @@ def stats(db: str | None, fmt: str) -> None:
       hermes-store stats --db state.db
     """
     with operator_errors():
-        engine = open_existing(db)
+        engine = open_existing(db, reading=True)
         if is_server(str(engine.url)):
             with engine.connect() as conn:
                 on_server = server_stats(conn)
@@ -861,7 +872,7 @@ def storage(db: str | None, fmt: str) -> None:
       hermes-store storage --db postgresql+psycopg://hermes@db/hermes --json
     """
     with operator_errors():
-        engine = open_existing(db)
+        engine = open_existing(db, reading=True)
         if is_server(str(engine.url)):
             with engine.connect() as conn:
                 on_server = server_storage_report(conn)
@@ -1164,7 +1175,7 @@ def check(
                 "on PostgreSQL back up with pg_dump, and a repair rebuilds indexes "
                 "CONCURRENTLY, without blocking writes",
             )
-        engine = open_existing(db)
+        engine = open_existing(db, reading=not repair_)
         if is_server(str(engine.url)):
             try:
                 if repair_:
@@ -1347,7 +1358,7 @@ def search(
       hermes-store search --db state.db -- "-docker"
     """
     with operator_errors(), _degraded_said_once():
-        engine = open_existing(db)
+        engine = open_existing(db, reading=True)
         with engine.connect() as conn:
             hits = search_messages(
                 conn,

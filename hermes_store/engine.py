@@ -11,6 +11,7 @@ import sqlite3
 import stat
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -454,14 +455,20 @@ def writable_problem(path: Path) -> str | None:
         read_only_fs = False
     if read_only_fs:
         return f"{target} is on a read-only file system"
-    if path.exists() and not os.access(path, os.W_OK):
+    if path.exists() and not _may(path, os.W_OK):
         return f"{path} is not writable (read-only, immutable or another user's file)"
-    if not os.access(path.parent, os.W_OK | os.X_OK):
+    if not _may(path.parent, os.W_OK | os.X_OK):
         return (
             f"its directory {path.parent} is not writable, so SQLite cannot create "
             f"{path.name}-wal, -shm or -journal next to it"
         )
     return None
+
+
+def _may(path: Path, mode: int) -> bool:
+    """``os.access`` as the user SQLite opens files as (the effective one, where the two
+    differ: a set-user-ID program, or a test that takes another user's part)."""
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
 
 
 def require_writable(path: Path | None) -> None:
@@ -476,9 +483,64 @@ def require_writable(path: Path | None) -> None:
         )
 
 
+#: Bytes 18 and 19 of a database's header (its file format versions) in WAL mode.
+_WAL_FORMAT = b"\x02\x02"
+
+
+def _in_wal_mode(path: Path) -> bool:
+    """Whether the store's header says WAL mode (so that SQLite needs -wal and -shm to read it)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(20)[18:20] == _WAL_FORMAT
+    except OSError:
+        return False
+
+
 def _file_uri(path: Path, options: str) -> str:
     """A sqlite3 URI of the store file with ``options`` (``mode=ro``...), the name escaped."""
     return f"{Path(os.path.abspath(path)).as_uri()}?{options}"
+
+
+@dataclass(frozen=True)
+class ReadOnlyOpening:
+    """How a store that cannot be written is read, and the line that tells the operator."""
+
+    uri: str
+    note: str
+
+
+def read_only_opening(path: Path, problem: str) -> ReadOnlyOpening:
+    """How to read the store at ``path``, which cannot be written because of ``problem``.
+
+    SQLite reads a WAL store only through its -shm, which it must create when it is missing,
+    so: ``mode=ro`` (SQLite's read-only mode, with the usual locks) for a store in the
+    rollback journal, or one whose -wal and -shm are there and usable; else ``immutable=1``,
+    which reads the file alone, without locks or WAL. That is exact while nothing writes the
+    store, as on a read-only file system; what a -wal still holds (transactions committed
+    since the last checkpoint) is then not seen, and the note says how much there is.
+    Creating the -shm ourselves next to a file we may not write would leave it behind, and
+    owned by us, where the store's own user could then not open it.
+    """
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    if not _in_wal_mode(path) or (wal.exists() and shm.exists() and _opens(path, "mode=ro")):
+        return ReadOnlyOpening(
+            _file_uri(path, "mode=ro"),
+            f"read-only: {problem}; the store was read without writing anything (SQLite mode=ro)",
+        )
+    unread = _size(wal)
+    left_out = (
+        f"; {wal.name} ({unread:,} bytes) was not read: what was committed there since the "
+        "last checkpoint is not shown. Copy the store with its -wal to a writable place to "
+        "see all of it"
+        if unread
+        else ""
+    )
+    return ReadOnlyOpening(
+        _file_uri(path, "mode=ro&immutable=1"),
+        f"read-only: {problem}, and SQLite cannot use the store's WAL there (it needs "
+        f"{shm.name}); the store was read as immutable, without locks, which is exact while "
+        f"nothing writes it{left_out}",
+    )
 
 
 def _size(path: Path) -> int:
@@ -486,6 +548,16 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def _opens(path: Path, options: str) -> bool:
+    """Whether SQLite reads the store's schema through a connection with ``options``."""
+    try:
+        with contextlib.closing(sqlite3.connect(_file_uri(path, options), uri=True)) as conn:
+            conn.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error:
+        return False
+    return True
 
 
 class _ReadOnlyConnection(sqlite3.Connection):
@@ -507,13 +579,15 @@ def connect_read_only(
 ) -> sqlite3.Connection:
     """A sqlite3 connection that cannot write the store at ``path`` and leaves no file behind.
 
-    SQLite's read-only mode (``mode=ro``). A read-only connection to a WAL store creates the
+    SQLite's read-only mode (``mode=ro``) where the store can be written, else the way
+    :func:`read_only_opening` chooses. A read-only connection to a WAL store creates the
     -wal and -shm it needs but cannot remove them when it closes, as the last connection
     that may write does: whatever it created and was not used since is removed when it
     closes (:func:`_remove_side_files_created`).
     """
     path = Path(os.path.realpath(path))  # a linked store: its side files are the target's
-    uri = _file_uri(path, "mode=ro")
+    problem = writable_problem(path)
+    uri = _file_uri(path, "mode=ro") if problem is None else read_only_opening(path, problem).uri
     absent = [side for side in (f"{path}-wal", f"{path}-shm") if not os.path.lexists(side)]
     conn = sqlite3.connect(
         uri,
@@ -522,7 +596,7 @@ def connect_read_only(
         check_same_thread=check_same_thread,
         factory=_ReadOnlyConnection,
     )
-    if absent and writable_problem(path) is None:
+    if absent and problem is None:
         conn.created_by_us = (path, absent)
     return conn
 
@@ -878,6 +952,7 @@ def create_store_engine(
     busy_timeout_ms: int | None = None,
     wal: bool = True,
     echo: bool = False,
+    read_only: ReadOnlyOpening | None = None,
 ) -> Engine:
     """Build the engine for a store with the PRAGMAs and transactional DDL every caller needs.
 
@@ -890,12 +965,30 @@ def create_store_engine(
     itself so that DDL runs inside transactions. Pass the execution option
     ``sqlite_begin="IMMEDIATE"`` to take the write lock when a transaction starts.
     ``busy_timeout_ms`` defaults to :func:`default_busy_timeout_ms`.
+    ``read_only``: connect the way :func:`read_only_opening` chose for a store file that
+    cannot be written (the caller only reads it).
     """
     if busy_timeout_ms is None:
         busy_timeout_ms = default_busy_timeout_ms()
     resolved, path = prepare_store_file(url, create=create)
     if is_server(resolved):
         return _create_server_engine(resolved, busy_timeout_ms=busy_timeout_ms, echo=echo)
+    options: dict[str, Any] = {
+        "connect_args": {
+            "timeout": sqlite_timeout(busy_timeout_ms),
+            "check_same_thread": False,
+        }
+    }
+    if read_only is not None:
+        options = {
+            "creator": functools.partial(
+                sqlite3.connect,
+                read_only.uri,
+                uri=True,
+                timeout=sqlite_timeout(busy_timeout_ms),
+                check_same_thread=False,
+            )
+        }
     engine = create_engine(
         resolved,
         echo=echo,
@@ -909,7 +1002,7 @@ def create_store_engine(
         # times over. `dispose()` (Store.close) closes them. An in-memory store lives as
         # long as its one connection, so that one is kept.
         poolclass=QueuePool if path is not None else StaticPool,
-        connect_args={"timeout": sqlite_timeout(busy_timeout_ms), "check_same_thread": False},
+        **options,
     )
     _install_listeners(engine, path, wal=wal)
     return engine
