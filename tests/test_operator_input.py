@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shutil
 import sqlite3
@@ -27,6 +28,7 @@ from alembic.util import CommandError
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from sqlalchemy.engine import make_url
 
 from alembic import command as alembic_command
 from hermes_store import corpus
@@ -449,3 +451,38 @@ def test_any_option_value_of_a_reading_command_changes_nothing(
     result = invoke([*args, "--db", str(small_store)])
     assert_clean(result)
     assert (small_store.read_bytes(), files_under(small_store.parent)) == before
+
+
+# --------------------------------------------------------------------------------------
+# A password typed into a URL never shows
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.postgresql
+def test_a_password_in_a_url_shows_nowhere(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The test server trusts every login, so the password is sent and ignored; every
+    command through a URL that holds it, logging at DEBUG, and what copy records."""
+    caplog.set_level(logging.DEBUG)
+    with_password = make_url(pg_url).set(password=PASSWORD).render_as_string(hide_password=False)
+    source = tmp_path / "source.db"
+    assert invoke(["upgrade", "--create", "--db", str(source)]).exit_code == 0
+    back = tmp_path / "back.db"
+    runs = [
+        invoke(["-vv", "copy", "--from", str(source), "--to", with_password]),
+        invoke(["-vv", "current", "--db", with_password]),
+        invoke(["-vv", "stats", "--db", with_password, "--json"]),
+        invoke(["-vv", "copy", "--from", with_password, "--to", str(back), "--json"]),
+        invoke(["-vv", "check", "--db", with_password]),
+    ]
+    for result in runs:
+        assert result.exit_code == 0, result.output
+        assert_clean(result)
+    said = [record.getMessage() for record in caplog.records]
+    assert said, "the commands log at DEBUG"
+    assert not [message for message in said if PASSWORD in message]
+    with contextlib.closing(sqlite3.connect(back)) as conn:
+        recorded = conn.execute("SELECT key, value FROM state_meta").fetchall()
+    assert recorded
+    assert not [row for row in recorded if PASSWORD in str(row)]
