@@ -34,9 +34,11 @@ from hermes_store.engine import (
     db_path,
     display_url,
     is_server,
+    make_private_dirs,
     read_only_opening,
     require_writable,
     resolve_url,
+    side_files,
     sqlite_errors,
     translate_error,
     writable_problem,
@@ -1389,16 +1391,25 @@ def search(
 
 
 DEMO_QUERIES = ("error", "import json", "TODO: fix", "def*", "terminal OR docker", "数据库")
+#: The corpus is generated in memory before it is written: a bound that stays a demo.
+DEMO_MAX_MESSAGES = 1_000_000
 
 
 @main.command()
-@click.option("--messages", "n_messages", default=5000, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--messages",
+    "n_messages",
+    default=5000,
+    show_default=True,
+    type=click.IntRange(1, DEMO_MAX_MESSAGES),
+)
 @click.option(
     "--dir",
     "directory",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Where to write demo.db (default: a new temporary directory).",
+    help="Where to write demo.db (default: a new temporary directory). It is kept, and the "
+    "last line says how to remove it.",
 )
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
 @click.option(
@@ -1414,9 +1425,12 @@ def demo(n_messages: int, directory: Path | None, seed: int, db: str | None) -> 
 
     Generates a schema-30 store in the legacy inline layout (never under Alembic), runs
     the real upgrade (adoption, then in-place conversion), `optimize`, and prints the
-    storage report before and after and a few searches answered identically. With --db
-    URL (an empty PostgreSQL database) the upgraded store is then copied into it at head,
-    its storage report shown, and the same searches compared on both databases.
+    storage report before and after and a few searches, each compared hit for hit (every
+    hit, snippets included) before and after. With --db URL (an empty PostgreSQL
+    database) the upgraded store is then copied into it at head, its storage report
+    shown, and the same searches compared on both databases (every hit's id). The store
+    is kept: the last line says where, and how to remove it. A failed demo removes what
+    it wrote.
 
     \b
     Examples:
@@ -1425,9 +1439,61 @@ def demo(n_messages: int, directory: Path | None, seed: int, db: str | None) -> 
     """
     with operator_errors():
         target = _demo_target(db)
-        path = run_demo(n_messages, directory, seed)
-        if target is not None:
-            run_demo_on_server(path, target)
+        made, path = _demo_files(directory)
+        try:
+            run_demo(n_messages, path, seed)
+            if target is not None:
+                run_demo_on_server(path, target)
+        except BaseException:
+            _remove_demo(made, path)
+            raise
+    say(f"\n{_demo_files_line(made, path)}", style="bold")
+
+
+def _demo_files(directory: Path | None) -> tuple[Path | None, Path]:
+    """Where the demo writes: ``(the directory it makes, or None, demo.db's path)``.
+
+    Without --dir, a new temporary directory; a --dir that does not exist is made (with
+    its missing parents, 0700), and the top-most directory made is returned.
+    """
+    if directory is None:
+        made = Path(tempfile.mkdtemp(prefix="hermes-demo-"))
+        return made, made / "demo.db"
+    directory = directory.expanduser().absolute()
+    top: Path | None = None
+    for candidate in (directory, *directory.parents):
+        if candidate.exists():
+            break
+        top = candidate
+    path = directory / "demo.db"
+    if path.exists():
+        raise click.ClickException(f"{path} exists; pass another --dir or remove it")
+    if top is not None:
+        make_private_dirs(directory)
+    return top, path
+
+
+def _remove_demo(made: Path | None, path: Path) -> None:
+    """A failed demo leaves nothing: the directory it made, or its own demo.db files."""
+    import shutil
+
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        return
+    for name in (path, *side_files(path)):
+        with contextlib.suppress(FileNotFoundError):
+            name.unlink()
+
+
+def _demo_files_line(made: Path | None, path: Path) -> str:
+    """Where the demo's store is, its size, and the command that removes what it wrote."""
+    import shlex
+
+    size = sum(name.stat().st_size for name in (path, *side_files(path)) if name.exists())
+    removal = (
+        f"rm -r {shlex.quote(str(made))}" if made is not None else (f"rm {shlex.quote(str(path))}")
+    )
+    return f"== the demo store is kept: {path} ({human_bytes(size)}); remove it with `{removal}`"
 
 
 def _demo_target(db: str | None) -> str | None:
@@ -1495,7 +1561,7 @@ def run_demo_on_server(path: Path, url: str) -> None:
         "text",
         records,
         ["query", "sqlite", "postgresql", "result"],
-        title="\n== the same searches on SQLite and PostgreSQL (newest 50 hits)",
+        title="\n== the same searches on SQLite and PostgreSQL (every hit)",
         right=["sqlite", "postgresql"],
     )
     different = [record["query"] for record in records if record["result"] != "same messages"]
@@ -1506,18 +1572,14 @@ def run_demo_on_server(path: Path, url: str) -> None:
 
 
 def _demo_search(conn: Connection, query: str) -> list[int]:
-    """The ids of a query's newest 50 hits (rank order may differ between databases)."""
-    return [hit["id"] for hit in search_messages(conn, query, limit=50, sort="newest")]
+    """The ids of every hit of a query, newest first (rank order differs between the two
+    databases, the hit set does not)."""
+    return [hit["id"] for hit in search_messages(conn, query, limit=-1, sort="newest")]
 
 
-def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
-    """The demo's steps (see `demo`)."""
+def run_demo(n_messages: int, path: Path, seed: int) -> None:
+    """The demo's steps (see `demo`), writing the store at ``path`` (which must not exist)."""
     step = _progress(_interactive())
-    directory = directory or Path(tempfile.mkdtemp(prefix="hermes-demo-"))
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = directory / "demo.db"
-    if path.exists():
-        raise click.ClickException(f"{path} exists; pass another --dir or remove it")
     step(f"generating {n_messages} messages (seed {seed})")
     data = corpus_mod.generate(n_messages, seed)
     step("writing a legacy schema-30 store (inline FTS5, as the Hermes agent leaves it)")
@@ -1530,7 +1592,7 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
     engine = create_store_engine(str(path))
     with engine.connect() as conn:
         before = storage_report(conn)
-        before_hits = {q: search_messages(conn, q, limit=5) for q in DEMO_QUERIES}
+        before_hits = {q: _every_hit(conn, q) for q in DEMO_QUERIES}
     say(f"\n== legacy store: {path}", style="bold")
     render_storage(before)
     step("upgrading (adopt, then convert in place)")
@@ -1541,7 +1603,7 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
     result = optimize_store(engine, vacuum=True, progress=step)
     with engine.connect() as conn:
         after = storage_report(conn)
-        after_hits = {q: search_messages(conn, q, limit=5) for q in DEMO_QUERIES}
+        after_hits = {q: _every_hit(conn, q) for q in DEMO_QUERIES}
     engine.dispose()
     say(
         f"\n== upgraded {upgrade_result.from_revision or '(unversioned)'} -> "
@@ -1568,13 +1630,17 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
         "text",
         records,
         ["query", "hits", "result"],
-        title="== searches before and after the upgrade",
+        title="== searches before and after the upgrade (every hit, in order, snippets included)",
         right=["hits"],
     )
     for record in records:
         if record["result"] != "identical":
             raise click.ClickException(f"search results differ for {record['query']!r}")
-    return path
+
+
+def _every_hit(conn: Connection, query: str) -> list[Any]:
+    """Every hit of a query, in rank order (a negative limit is no limit)."""
+    return list(search_messages(conn, query, limit=-1))
 
 
 # --------------------------------------------------------------------------------------
