@@ -97,6 +97,14 @@ def listing(directory: Path) -> list[str]:
     return sorted(path.name for path in directory.iterdir())
 
 
+def store_in(directory: Path, data: bytes) -> Path:
+    """A store of ``data`` alone in a new ``directory``."""
+    directory.mkdir()
+    store = directory / "state.db"
+    store.write_bytes(data)
+    return store
+
+
 def run(args: list[str]) -> int:
     """The command in this process; its exit code once every object it made is gone, as
     at the end of a real process (its connections closed by then)."""
@@ -153,10 +161,8 @@ def test_a_refused_store_in_a_real_process_leaves_nothing(
 def test_a_read_only_connection_removes_only_the_side_files_it_created(
     good_store: bytes, tmp_path: Path
 ) -> None:
-    tmp_path = tmp_path / "work"
-    tmp_path.mkdir()
-    store = tmp_path / "state.db"
-    store.write_bytes(good_store)
+    store = store_in(tmp_path / "work", good_store)
+    tmp_path = store.parent
     with closing(connect_read_only(store)) as conn:
         assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 150
         assert Path(f"{store}-shm").exists()  # SQLite's, for as long as it reads
@@ -178,10 +184,8 @@ def test_a_read_only_connection_removes_only_the_side_files_it_created(
 def test_side_files_that_were_there_before_are_never_removed(
     good_store: bytes, tmp_path: Path
 ) -> None:
-    tmp_path = tmp_path / "work"
-    tmp_path.mkdir()
-    store = tmp_path / "state.db"
-    store.write_bytes(good_store)
+    store = store_in(tmp_path / "work", good_store)
+    tmp_path = store.parent
     writer = sqlite3.connect(store)
     writer.execute("PRAGMA wal_autocheckpoint = 0")
     writer.execute("INSERT INTO state_meta (key, value) VALUES ('committed', 'in the wal')")

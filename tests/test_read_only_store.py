@@ -110,13 +110,19 @@ def read_only_fs(tmp_path: Path) -> Iterator[Path]:
 # --------------------------------------------------------------------------------------
 
 
+def on_read_only_fs(template: Path, mount: Path) -> Path:
+    """The store copied onto the tmpfs, which is then remounted read-only."""
+    store = mount / "state.db"
+    shutil.copyfile(template, store)
+    remount_read_only(mount)
+    return store
+
+
 @pytest.mark.parametrize("command", READING, ids=" ".join)
 def test_every_reporting_command_reads_a_store_on_a_read_only_file_system(
     command: list[str], head_store: Path, read_only_fs: Path
 ) -> None:
-    store = read_only_fs / "state.db"
-    shutil.copyfile(head_store, store)
-    remount_read_only(read_only_fs)
+    store = on_read_only_fs(head_store, read_only_fs)
     before = fingerprint(store)
     result = invoke(*command, "--db", store)
     assert_read_with_a_note(result, "read-only file system", "immutable")
@@ -128,9 +134,7 @@ def test_every_reporting_command_reads_a_store_on_a_read_only_file_system(
 def test_a_read_only_file_system_store_answers_what_the_store_holds(
     head_store: Path, read_only_fs: Path
 ) -> None:
-    store = read_only_fs / "state.db"
-    shutil.copyfile(head_store, store)
-    remount_read_only(read_only_fs)
+    store = on_read_only_fs(head_store, read_only_fs)
     assert messages_said(invoke("stats", "--db", store, "--json")) == MESSAGES
     current = json.loads(invoke("current", "--db", store, "--json").stdout)
     assert current["revision"] == migrate.head_revision()
@@ -168,9 +172,7 @@ def test_a_wal_without_its_shm_is_read_as_immutable_and_says_what_it_left_out(
 def test_commands_that_write_refuse_a_read_only_file_system_in_one_line(
     command: list[str], head_store: Path, read_only_fs: Path
 ) -> None:
-    store = read_only_fs / "state.db"
-    shutil.copyfile(head_store, store)
-    remount_read_only(read_only_fs)
+    store = on_read_only_fs(head_store, read_only_fs)
     before = fingerprint(store)
     result = invoke(*command, "--db", store)
     assert result.exit_code == 1, result.output
