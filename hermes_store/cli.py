@@ -34,12 +34,16 @@ from hermes_store.engine import (
     db_path,
     display_url,
     is_server,
+    make_private_dirs,
+    read_only_opening,
     require_writable,
     resolve_url,
+    side_files,
     sqlite_errors,
     translate_error,
+    writable_problem,
 )
-from hermes_store.errors import NotOnThisDatabase, StoreError, StoreNotFound
+from hermes_store.errors import NotOnThisDatabase, StoreError, StoreNotFound, one_line
 from hermes_store.fts import CheckResult
 from hermes_store.maintenance import RepairResult, check_store, repair, store_stats
 from hermes_store.maintenance import optimize as optimize_store
@@ -60,9 +64,21 @@ DB_HELP = (
 )
 
 
+def _named_store(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """--db as given; an empty value (an unset shell variable) would mean the default store."""
+    if value == "":
+        raise click.BadParameter(
+            "an empty value names no store: give a path or URL, or leave --db out to use "
+            "$HERMES_STORE_URL, else $HERMES_HOME/state.db"
+        )
+    return value
+
+
 def db_option(func: F) -> F:
     """The --db option every command takes."""
-    return click.option("--db", "db", metavar="PATH_OR_URL", default=None, help=DB_HELP)(func)
+    return click.option(
+        "--db", "db", metavar="PATH_OR_URL", default=None, help=DB_HELP, callback=_named_store
+    )(func)
 
 
 def json_option(func: F) -> F:
@@ -83,33 +99,38 @@ def _progress(enabled: bool) -> Callable[[str], None]:
     return step
 
 
+class OperatorError(click.ClickException):
+    """A failure told in one line: what it names (a path, a URL) cannot break it in two."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
+
+
 @contextlib.contextmanager
 def operator_errors() -> Iterator[None]:
     """Turn every expected failure into a one-line message and a non-zero exit."""
     try:
         yield
     except StoreError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise OperatorError(str(exc)) from None
     except CommandError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise OperatorError(str(exc)) from None
     except (DBAPIError, sqlite3.Error, OSError) as exc:
         translated = translate_error(exc)
         if translated is not None:
-            raise click.ClickException(str(translated)) from None
+            raise OperatorError(str(translated)) from None
         if isinstance(exc, OSError):
-            raise click.ClickException(
-                f"{exc.strerror or exc}: {exc.filename or ''}".strip()
-            ) from None
+            raise OperatorError(f"{exc.strerror or exc}: {exc.filename or ''}".strip()) from None
         detail = str(getattr(exc, "orig", exc))
         if _from_server(exc):
             lines = detail.strip().splitlines() or [type(exc).__name__]
-            raise click.ClickException(f"PostgreSQL error: {lines[0]}") from None
+            raise OperatorError(f"PostgreSQL error: {lines[0]}") from None
         if "not a database" in detail or "malformed" in detail:
-            raise click.ClickException(
-                f"SQLite cannot read the store ({detail}); run `hermes-store check` or restore "
-                "a backup"
+            raise OperatorError(
+                f"SQLite cannot read the store ({detail}): it is damaged; `hermes-store check` "
+                "names what is broken, and a backup restores it"
             ) from None
-        raise click.ClickException(f"SQLite error: {detail}") from None
+        raise OperatorError(f"SQLite error: {detail}") from None
 
 
 def _from_server(exc: BaseException) -> bool:
@@ -156,8 +177,22 @@ def backup_options(func: F) -> F:
     )(func)
 
 
-def open_existing(db: str | None) -> Engine:
-    """An engine on an existing store, checked read-only first; never creates a file."""
+def open_existing(db: str | None, *, reading: bool = False) -> Engine:
+    """An engine on an existing store, checked read-only first; never creates a file.
+
+    ``reading``: the command only reads, so a store that cannot be written is read anyway
+    (read-only, saying so on stderr); otherwise such a store is refused before anything.
+    The engine is disposed of when the command ends, failed or not: its pooled connections
+    would keep the store's -wal and -shm.
+    """
+    engine = _open_existing(db, reading=reading)
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.call_on_close(engine.dispose)
+    return engine
+
+
+def _open_existing(db: str | None, *, reading: bool) -> Engine:
     url, path = store_url(db, create_home=False)
     if is_server(url):
         return _open_server(url)
@@ -172,7 +207,14 @@ def open_existing(db: str | None) -> Engine:
             f"{path or url}: the database is empty, not a Hermes store yet; make it one with "
             "`hermes-store upgrade`"
         )
-    return create_store_engine(url, create=False, wal=False)
+    problem = writable_problem(path) if path is not None else None
+    if problem is None or path is None:
+        return create_store_engine(url, create=False, wal=False)
+    if not reading:
+        require_writable(path)
+    opening = read_only_opening(path, problem)
+    click.echo(f"Warning: {opening.note}", err=True)
+    return create_store_engine(url, create=False, wal=False, read_only=opening)
 
 
 def _open_server(url: str) -> Engine:
@@ -547,7 +589,7 @@ def history(db: str | None, fmt: str) -> None:
         current: set[str] = set()
         if db is not None or fmt == "text":
             with contextlib.suppress(StoreError):
-                engine = open_existing(db)
+                engine = open_existing(db, reading=True)
                 with engine.connect() as conn:
                     current = set((migrate.current_revision(conn) or "").split(", "))
                 engine.dispose()
@@ -656,7 +698,7 @@ def current(db: str | None, fmt: str) -> None:
       hermes-store current --db state.db --json
     """
     with operator_errors():
-        engine = open_existing(db)
+        engine = open_existing(db, reading=True)
         info = _current(engine)
     record = {
         "revision": info["revision"] or "(unversioned legacy store)",
@@ -691,7 +733,7 @@ def stats(db: str | None, fmt: str) -> None:
       hermes-store stats --db state.db
     """
     with operator_errors():
-        engine = open_existing(db)
+        engine = open_existing(db, reading=True)
         if is_server(str(engine.url)):
             with engine.connect() as conn:
                 on_server = server_stats(conn)
@@ -832,7 +874,7 @@ def storage(db: str | None, fmt: str) -> None:
       hermes-store storage --db postgresql+psycopg://hermes@db/hermes --json
     """
     with operator_errors():
-        engine = open_existing(db)
+        engine = open_existing(db, reading=True)
         if is_server(str(engine.url)):
             with engine.connect() as conn:
                 on_server = server_storage_report(conn)
@@ -1135,7 +1177,7 @@ def check(
                 "on PostgreSQL back up with pg_dump, and a repair rebuilds indexes "
                 "CONCURRENTLY, without blocking writes",
             )
-        engine = open_existing(db)
+        engine = open_existing(db, reading=not repair_)
         if is_server(str(engine.url)):
             try:
                 if repair_:
@@ -1338,7 +1380,7 @@ def search(
       hermes-store search --db state.db -- '"-docker"'
     """
     with operator_errors(), _degraded_said_once():
-        engine = open_existing(db)
+        engine = open_existing(db, reading=True)
         with engine.connect() as conn:
             hits = search_messages(
                 conn,
@@ -1371,16 +1413,25 @@ def search(
 
 
 DEMO_QUERIES = ("error", "import json", "TODO: fix", "def*", "terminal OR docker", "数据库")
+#: The corpus is generated in memory before it is written: a bound that stays a demo.
+DEMO_MAX_MESSAGES = 1_000_000
 
 
 @main.command()
-@click.option("--messages", "n_messages", default=5000, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--messages",
+    "n_messages",
+    default=5000,
+    show_default=True,
+    type=click.IntRange(1, DEMO_MAX_MESSAGES),
+)
 @click.option(
     "--dir",
     "directory",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Where to write demo.db (default: a new temporary directory).",
+    help="Where to write demo.db (default: a new temporary directory). It is kept, and the "
+    "last line says how to remove it.",
 )
 @click.option("--seed", default=0, show_default=True, help="Corpus seed.")
 @click.option(
@@ -1396,9 +1447,12 @@ def demo(n_messages: int, directory: Path | None, seed: int, db: str | None) -> 
 
     Generates a schema-30 store in the legacy inline layout (never under Alembic), runs
     the real upgrade (adoption, then in-place conversion), `optimize`, and prints the
-    storage report before and after and a few searches answered identically. With --db
-    URL (an empty PostgreSQL database) the upgraded store is then copied into it at head,
-    its storage report shown, and the same searches compared on both databases.
+    storage report before and after and a few searches, each compared hit for hit (every
+    hit, snippets included) before and after. With --db URL (an empty PostgreSQL
+    database) the upgraded store is then copied into it at head, its storage report
+    shown, and the same searches compared on both databases (every hit's id). The store
+    is kept: the last line says where, and how to remove it. A failed demo removes what
+    it wrote.
 
     \b
     Examples:
@@ -1407,9 +1461,61 @@ def demo(n_messages: int, directory: Path | None, seed: int, db: str | None) -> 
     """
     with operator_errors():
         target = _demo_target(db)
-        path = run_demo(n_messages, directory, seed)
-        if target is not None:
-            run_demo_on_server(path, target)
+        made, path = _demo_files(directory)
+        try:
+            run_demo(n_messages, path, seed)
+            if target is not None:
+                run_demo_on_server(path, target)
+        except BaseException:
+            _remove_demo(made, path)
+            raise
+    say(f"\n{_demo_files_line(made, path)}", style="bold")
+
+
+def _demo_files(directory: Path | None) -> tuple[Path | None, Path]:
+    """Where the demo writes: ``(the directory it makes, or None, demo.db's path)``.
+
+    Without --dir, a new temporary directory; a --dir that does not exist is made (with
+    its missing parents, 0700), and the top-most directory made is returned.
+    """
+    if directory is None:
+        made = Path(tempfile.mkdtemp(prefix="hermes-demo-"))
+        return made, made / "demo.db"
+    directory = directory.expanduser().absolute()
+    top: Path | None = None
+    for candidate in (directory, *directory.parents):
+        if candidate.exists():
+            break
+        top = candidate
+    path = directory / "demo.db"
+    if path.exists():
+        raise click.ClickException(f"{path} exists; pass another --dir or remove it")
+    if top is not None:
+        make_private_dirs(directory)
+    return top, path
+
+
+def _remove_demo(made: Path | None, path: Path) -> None:
+    """A failed demo leaves nothing: the directory it made, or its own demo.db files."""
+    import shutil
+
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        return
+    for name in (path, *side_files(path)):
+        with contextlib.suppress(FileNotFoundError):
+            name.unlink()
+
+
+def _demo_files_line(made: Path | None, path: Path) -> str:
+    """Where the demo's store is, its size, and the command that removes what it wrote."""
+    import shlex
+
+    size = sum(name.stat().st_size for name in (path, *side_files(path)) if name.exists())
+    removal = (
+        f"rm -r {shlex.quote(str(made))}" if made is not None else (f"rm {shlex.quote(str(path))}")
+    )
+    return f"== the demo store is kept: {path} ({human_bytes(size)}); remove it with `{removal}`"
 
 
 def _demo_target(db: str | None) -> str | None:
@@ -1477,7 +1583,7 @@ def run_demo_on_server(path: Path, url: str) -> None:
         "text",
         records,
         ["query", "sqlite", "postgresql", "result"],
-        title="\n== the same searches on SQLite and PostgreSQL (newest 50 hits)",
+        title="\n== the same searches on SQLite and PostgreSQL (every hit)",
         right=["sqlite", "postgresql"],
     )
     different = [record["query"] for record in records if record["result"] != "same messages"]
@@ -1488,18 +1594,14 @@ def run_demo_on_server(path: Path, url: str) -> None:
 
 
 def _demo_search(conn: Connection, query: str) -> list[int]:
-    """The ids of a query's newest 50 hits (rank order may differ between databases)."""
-    return [hit["id"] for hit in search_messages(conn, query, limit=50, sort="newest")]
+    """The ids of every hit of a query, newest first (rank order differs between the two
+    databases, the hit set does not)."""
+    return [hit["id"] for hit in search_messages(conn, query, limit=-1, sort="newest")]
 
 
-def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
-    """The demo's steps (see `demo`)."""
+def run_demo(n_messages: int, path: Path, seed: int) -> None:
+    """The demo's steps (see `demo`), writing the store at ``path`` (which must not exist)."""
     step = _progress(_interactive())
-    directory = directory or Path(tempfile.mkdtemp(prefix="hermes-demo-"))
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = directory / "demo.db"
-    if path.exists():
-        raise click.ClickException(f"{path} exists; pass another --dir or remove it")
     step(f"generating {n_messages} messages (seed {seed})")
     data = corpus_mod.generate(n_messages, seed)
     step("writing a legacy schema-30 store (inline FTS5, as the Hermes agent leaves it)")
@@ -1512,7 +1614,7 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
     engine = create_store_engine(str(path))
     with engine.connect() as conn:
         before = storage_report(conn)
-        before_hits = {q: search_messages(conn, q, limit=5) for q in DEMO_QUERIES}
+        before_hits = {q: _every_hit(conn, q) for q in DEMO_QUERIES}
     say(f"\n== legacy store: {path}", style="bold")
     render_storage(before)
     step("upgrading (adopt, then convert in place)")
@@ -1523,7 +1625,7 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
     result = optimize_store(engine, vacuum=True, progress=step)
     with engine.connect() as conn:
         after = storage_report(conn)
-        after_hits = {q: search_messages(conn, q, limit=5) for q in DEMO_QUERIES}
+        after_hits = {q: _every_hit(conn, q) for q in DEMO_QUERIES}
     engine.dispose()
     say(
         f"\n== upgraded {upgrade_result.from_revision or '(unversioned)'} -> "
@@ -1550,13 +1652,17 @@ def run_demo(n_messages: int, directory: Path | None, seed: int) -> Path:
         "text",
         records,
         ["query", "hits", "result"],
-        title="== searches before and after the upgrade",
+        title="== searches before and after the upgrade (every hit, in order, snippets included)",
         right=["hits"],
     )
     for record in records:
         if record["result"] != "identical":
             raise click.ClickException(f"search results differ for {record['query']!r}")
-    return path
+
+
+def _every_hit(conn: Connection, query: str) -> list[Any]:
+    """Every hit of a query, in rank order (a negative limit is no limit)."""
+    return list(search_messages(conn, query, limit=-1))
 
 
 # --------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ from sqlalchemy.pool import NullPool
 from hermes_store import fts, migrate, server
 from hermes_store.engine import (
     backend_name,
+    connect_read_only,
     create_store_engine,
     db_path,
     display_url,
@@ -245,10 +246,9 @@ class CopyResult:
 
 def _read_only_sqlite(path: Path) -> Engine:
     """An engine that can only read ``path`` (``mode=ro``): SQLite refuses every write."""
-    uri = f"{path.resolve().as_uri()}?mode=ro"
 
     def connect() -> sqlite3.Connection:
-        conn = sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False)
+        conn = connect_read_only(path, timeout=30, check_same_thread=False)
         conn.isolation_level = None  # SQLAlchemy's BEGIN below starts the read transaction
         return conn
 

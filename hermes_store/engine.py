@@ -11,6 +11,7 @@ import sqlite3
 import stat
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +90,31 @@ def to_url(path_or_url: str | os.PathLike[str], *, resolve_link: bool = True) ->
     unless ``resolve_link`` is false (the caller looks at the file itself).
     """
     text = os.fspath(path_or_url)
+    if not text or "\x00" in text:
+        raise StoreError(
+            f"{'an empty name' if not text else 'a name with a NUL character'} names "
+            "no store: give the store's path or a URL (sqlite:///PATH, "
+            f"postgresql+{PG_DRIVER}://USER@HOST/DATABASE)"
+        )
     if "://" in text:
         return _supported_url(text)
     if text == ":memory:":
         return "sqlite://"
     name = _absolute_name(text)
     return _file_url(_link_followed(name) if resolve_link else name)
+
+
+def _require_utf8(name: str, what: str) -> None:
+    """Refuse a name that is not UTF-8 (bytes Python carries as lone surrogates): SQLite and
+    the database URL take UTF-8 text only."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(name).decode("utf-8", "backslashreplace")
+        raise StoreError(
+            f"{shown}: {what} is not valid UTF-8, and SQLite opens UTF-8 file names only; "
+            "rename the file or directory (or link to it from a UTF-8 name)"
+        ) from None
 
 
 def _absolute_name(text: str) -> str:
@@ -142,21 +162,48 @@ def _link_followed(name: str) -> str:
 @functools.lru_cache(maxsize=64)
 def _file_url(database: str) -> str:
     """The URL of a database file (escaped: see :func:`to_url`); kept, as each open takes it."""
+    _require_utf8(database, "the path")
     return URL.create("sqlite", database=database).render_as_string(hide_password=False)
 
 
+@functools.lru_cache(maxsize=64)  # a URL is checked once per process, not at each open
 def _supported_url(text: str) -> str:
     """A SQLite URL as given; a PostgreSQL one with the psycopg 3 driver named; else refused.
 
     ``postgres://`` and ``postgresql://`` (which SQLAlchemy would hand to psycopg2) mean
-    ``postgresql+psycopg://``.
+    ``postgresql+psycopg://``. What SQLAlchemy would only find wrong when it connects (a
+    port that is not a number, an option its driver cannot take) is refused here, in one
+    line that never shows the URL's password.
     """
+    _require_utf8(text, "the URL")
     try:
         parsed = make_url(text)
-    except ArgumentError as exc:
-        raise StoreError(f"not a database URL: {exc}") from exc
+    except ArgumentError:
+        raise StoreError(
+            "not a database URL: expected a file path, sqlite:///PATH or "
+            f"postgresql+{PG_DRIVER}://USER@HOST[:PORT]/DATABASE"
+        ) from None
+    except ValueError as exc:  # the port: SQLAlchemy reads it with int()
+        port = str(exc).rpartition(": ")[2]
+        hint = " (an IPv6 address goes in brackets: [::1]:5432)" if "[" in text else ""
+        raise StoreError(
+            f"not a database URL: its port {port} is not a number{hint}; write "
+            f"postgresql+{PG_DRIVER}://USER@HOST:PORT/DATABASE with PORT from 1 to 65535, or "
+            "leave the port out for 5432"
+        ) from None
     backend, _, driver_name = parsed.drivername.partition("+")
     if backend == SQLITE:
+        if driver_name not in ("", "pysqlite"):
+            raise StoreError(
+                f"{parsed.drivername}://: hermes-store opens SQLite through Python's sqlite3 "
+                "only; use sqlite:///PATH"
+            )
+        if parsed.username or parsed.password or parsed.host or parsed.port:
+            raise StoreError(
+                f"{display_url(parsed)}: a SQLite URL names a file, not a user or a host; "
+                "write sqlite:///RELATIVE/PATH or sqlite:////ABSOLUTE/PATH"
+            )
+        _check_driver_options(parsed, "sqlite:///RELATIVE/PATH or sqlite:////ABSOLUTE/PATH")
         return text
     if backend in (POSTGRESQL, "postgres"):
         if driver_name and driver_name != PG_DRIVER:
@@ -165,11 +212,70 @@ def _supported_url(text: str) -> str:
                 f"only; use postgresql+{PG_DRIVER}://..."
             )
         parsed = parsed.set(drivername=f"{POSTGRESQL}+{PG_DRIVER}")
+        if parsed.port is not None and not 0 < parsed.port < 65536:
+            raise StoreError(
+                f"{display_url(parsed)}: port {parsed.port} is out of range; ports go from 1 "
+                "to 65535 (leave it out for 5432)"
+            )
+        _check_driver_options(parsed, f"postgresql+{PG_DRIVER}://USER@HOST[:PORT]/DATABASE")
+        _check_host_names(parsed)
         return parsed.render_as_string(hide_password=False)
     raise StoreError(
         f"{parsed.drivername}:// is not supported: hermes-store runs on SQLite (a file path or "
         f"sqlite:///PATH) and PostgreSQL (postgresql+{PG_DRIVER}://USER@HOST/DATABASE)"
     )
+
+
+def _check_host_names(parsed: URL) -> None:
+    """Refuse a host name that cannot be looked up at all (not IDNA, a NUL in it): psycopg
+    would raise the encoding error itself, where an unknown host is a connection error."""
+    in_query = parsed.query.get("host", ())
+    given = [parsed.host or "", *((in_query,) if isinstance(in_query, str) else in_query)]
+    for names in given:
+        for host in names.split(","):
+            if not host or host.startswith("/") or host.startswith("["):
+                continue
+            try:
+                host.encode("idna")
+                if "\x00" in host:
+                    raise UnicodeError("NUL")
+            except UnicodeError:
+                shown = host.encode("unicode_escape").decode("ascii")
+                raise StoreError(
+                    f"{display_url(parsed)}: {shown!r} is not a host name (letters, digits, "
+                    "dots and dashes, an IP address, or a socket directory); fix the URL's host"
+                ) from None
+
+
+def _check_driver_options(parsed: URL, form: str) -> None:
+    """Refuse a URL the dialect would refuse when it connects: a SQLite URL with a host, or
+    a query option whose value the dialect cannot read (``timeout=soon``), named."""
+    dialect = parsed.get_dialect()()
+    try:
+        with warnings.catch_warnings(record=True) as ignored:
+            warnings.simplefilter("always")
+            dialect.create_connect_args(parsed)
+    except (ArgumentError, ValueError, TypeError):
+        pass
+    else:
+        if ignored:  # options SQLAlchemy would drop with a warning (`?mode=ro` without uri)
+            said = str(ignored[0].message)
+            names = said.partition("argument(s) ")[2].partition(" are not")[0] or said
+            raise StoreError(
+                f"{display_url(parsed)}: the driver would ignore the option(s) {names}; "
+                "SQLite's own options need uri=true (sqlite:///file:PATH?mode=ro&uri=true): "
+                "fix or drop them"
+            )
+        return
+    for key, value in parsed.query.items():
+        try:
+            dialect.create_connect_args(parsed.set(query={key: value}))
+        except (ArgumentError, ValueError, TypeError):
+            raise StoreError(
+                f"{display_url(parsed)}: the URL's option {key}={value!r} has a value its "
+                f"driver cannot read; fix the value or drop the option ({form})"
+            ) from None
+    raise StoreError(f"{display_url(parsed)}: not a usable URL; write {form}")
 
 
 def backend_name(url: str) -> str:
@@ -192,7 +298,7 @@ def require_sqlite(url: str, what: str) -> None:
         )
 
 
-def display_url(url: str) -> str:
+def display_url(url: str | URL) -> str:
     """The URL as it may be shown to an operator: any password hidden."""
     return make_url(url).render_as_string(hide_password=True)
 
@@ -349,14 +455,20 @@ def writable_problem(path: Path) -> str | None:
         read_only_fs = False
     if read_only_fs:
         return f"{target} is on a read-only file system"
-    if path.exists() and not os.access(path, os.W_OK):
+    if path.exists() and not _may(path, os.W_OK):
         return f"{path} is not writable (read-only, immutable or another user's file)"
-    if not os.access(path.parent, os.W_OK | os.X_OK):
+    if not _may(path.parent, os.W_OK | os.X_OK):
         return (
             f"its directory {path.parent} is not writable, so SQLite cannot create "
             f"{path.name}-wal, -shm or -journal next to it"
         )
     return None
+
+
+def _may(path: Path, mode: int) -> bool:
+    """``os.access`` as the user SQLite opens files as (the effective one, where the two
+    differ: a set-user-ID program, or a test that takes another user's part)."""
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
 
 
 def require_writable(path: Path | None) -> None:
@@ -369,6 +481,140 @@ def require_writable(path: Path | None) -> None:
             f"the store is read-only: {problem}; nothing was changed. Remount or fix the "
             "permissions, or copy the store to a writable place and run the command there"
         )
+
+
+#: Bytes 18 and 19 of a database's header (its file format versions) in WAL mode.
+_WAL_FORMAT = b"\x02\x02"
+
+
+def _in_wal_mode(path: Path) -> bool:
+    """Whether the store's header says WAL mode (so that SQLite needs -wal and -shm to read it)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(20)[18:20] == _WAL_FORMAT
+    except OSError:
+        return False
+
+
+def _file_uri(path: Path, options: str) -> str:
+    """A sqlite3 URI of the store file with ``options`` (``mode=ro``...), the name escaped."""
+    return f"{Path(os.path.abspath(path)).as_uri()}?{options}"
+
+
+@dataclass(frozen=True)
+class ReadOnlyOpening:
+    """How a store that cannot be written is read, and the line that tells the operator."""
+
+    uri: str
+    note: str
+
+
+def read_only_opening(path: Path, problem: str) -> ReadOnlyOpening:
+    """How to read the store at ``path``, which cannot be written because of ``problem``.
+
+    SQLite reads a WAL store only through its -shm, which it must create when it is missing,
+    so: ``mode=ro`` (SQLite's read-only mode, with the usual locks) for a store in the
+    rollback journal, or one whose -wal and -shm are there and usable; else ``immutable=1``,
+    which reads the file alone, without locks or WAL. That is exact while nothing writes the
+    store, as on a read-only file system; what a -wal still holds (transactions committed
+    since the last checkpoint) is then not seen, and the note says how much there is.
+    Creating the -shm ourselves next to a file we may not write would leave it behind, and
+    owned by us, where the store's own user could then not open it.
+    """
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    if not _in_wal_mode(path) or (wal.exists() and shm.exists() and _opens(path, "mode=ro")):
+        return ReadOnlyOpening(
+            _file_uri(path, "mode=ro"),
+            f"read-only: {problem}; the store was read without writing anything (SQLite mode=ro)",
+        )
+    unread = _size(wal)
+    left_out = (
+        f"; {wal.name} ({unread:,} bytes) was not read: what was committed there since the "
+        "last checkpoint is not shown. Copy the store with its -wal to a writable place to "
+        "see all of it"
+        if unread
+        else ""
+    )
+    return ReadOnlyOpening(
+        _file_uri(path, "mode=ro&immutable=1"),
+        f"read-only: {problem}, and SQLite cannot use the store's WAL there (it needs "
+        f"{shm.name}); the store was read as immutable, without locks, which is exact while "
+        f"nothing writes it{left_out}",
+    )
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _opens(path: Path, options: str) -> bool:
+    """Whether SQLite reads the store's schema through a connection with ``options``."""
+    try:
+        with contextlib.closing(sqlite3.connect(_file_uri(path, options), uri=True)) as conn:
+            conn.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error:
+        return False
+    return True
+
+
+class _ReadOnlyConnection(sqlite3.Connection):
+    """A connection that cannot write its store, and removes, once closed, the -wal and -shm
+    that SQLite created for it (see :func:`connect_read_only`)."""
+
+    created_by_us: tuple[Path, list[str]] | None = None
+
+    def close(self) -> None:
+        super().close()
+        if self.created_by_us is not None:
+            path, absent = self.created_by_us
+            self.created_by_us = None
+            _remove_side_files_created(path, absent)
+
+
+def connect_read_only(
+    path: Path, *, timeout: float = 5.0, check_same_thread: bool = True
+) -> sqlite3.Connection:
+    """A sqlite3 connection that cannot write the store at ``path`` and leaves no file behind.
+
+    SQLite's read-only mode (``mode=ro``) where the store can be written, else the way
+    :func:`read_only_opening` chooses. A read-only connection to a WAL store creates the
+    -wal and -shm it needs but cannot remove them when it closes, as the last connection
+    that may write does: whatever it created and was not used since is removed when it
+    closes (:func:`_remove_side_files_created`).
+    """
+    path = Path(os.path.realpath(path))  # a linked store: its side files are the target's
+    problem = writable_problem(path)
+    uri = _file_uri(path, "mode=ro") if problem is None else read_only_opening(path, problem).uri
+    absent = [side for side in (f"{path}-wal", f"{path}-shm") if not os.path.lexists(side)]
+    conn = sqlite3.connect(
+        uri,
+        uri=True,
+        timeout=timeout,
+        check_same_thread=check_same_thread,
+        factory=_ReadOnlyConnection,
+    )
+    if absent and problem is None:
+        conn.created_by_us = (path, absent)
+    return conn
+
+
+def _remove_side_files_created(path: Path, absent: list[str]) -> None:
+    """Have SQLite remove the -wal and -shm a read-only connection left (``absent`` before it
+    opened): a connection that may write opens the store and closes, and SQLite removes
+    them as at any last close, only when no other connection has the store open. A -wal
+    that holds anything was written by another connection since: its close removes it.
+    """
+    if not any(os.path.lexists(side) for side in absent) or _size(Path(f"{path}-wal")):
+        return
+    with contextlib.suppress(sqlite3.Error):
+        tidy = sqlite3.connect(path, timeout=0)
+        try:
+            tidy.execute("PRAGMA schema_version")  # opens the WAL (a damaged store may fail)
+        finally:
+            tidy.close()
 
 
 #: SQLite's primary result codes this module acts on (the extended code's low byte).
@@ -706,6 +952,7 @@ def create_store_engine(
     busy_timeout_ms: int | None = None,
     wal: bool = True,
     echo: bool = False,
+    read_only: ReadOnlyOpening | None = None,
 ) -> Engine:
     """Build the engine for a store with the PRAGMAs and transactional DDL every caller needs.
 
@@ -718,12 +965,30 @@ def create_store_engine(
     itself so that DDL runs inside transactions. Pass the execution option
     ``sqlite_begin="IMMEDIATE"`` to take the write lock when a transaction starts.
     ``busy_timeout_ms`` defaults to :func:`default_busy_timeout_ms`.
+    ``read_only``: connect the way :func:`read_only_opening` chose for a store file that
+    cannot be written (the caller only reads it).
     """
     if busy_timeout_ms is None:
         busy_timeout_ms = default_busy_timeout_ms()
     resolved, path = prepare_store_file(url, create=create)
     if is_server(resolved):
         return _create_server_engine(resolved, busy_timeout_ms=busy_timeout_ms, echo=echo)
+    options: dict[str, Any] = {
+        "connect_args": {
+            "timeout": sqlite_timeout(busy_timeout_ms),
+            "check_same_thread": False,
+        }
+    }
+    if read_only is not None:
+        options = {
+            "creator": functools.partial(
+                sqlite3.connect,
+                read_only.uri,
+                uri=True,
+                timeout=sqlite_timeout(busy_timeout_ms),
+                check_same_thread=False,
+            )
+        }
     engine = create_engine(
         resolved,
         echo=echo,
@@ -737,7 +1002,7 @@ def create_store_engine(
         # times over. `dispose()` (Store.close) closes them. An in-memory store lives as
         # long as its one connection, so that one is kept.
         poolclass=QueuePool if path is not None else StaticPool,
-        connect_args={"timeout": sqlite_timeout(busy_timeout_ms), "check_same_thread": False},
+        **options,
     )
     _install_listeners(engine, path, wal=wal)
     return engine
@@ -881,8 +1146,27 @@ def _install_listeners(engine: Engine, path: Path | None, *, wal: bool) -> None:
         full = _name_full_disk(context, path)
         if full is not None:
             return full
+        if context.connection is None:  # the opening itself: what the URL asked for
+            refusal = _url_refusal(context.original_exception, path, engine.url)
+            if refusal is not None:
+                return refusal
         # A link planted at a side file since the store was opened.
         return side_link_refusal(context.original_exception, path)
+
+
+#: What SQLite says when a URI option of the URL names something it does not have.
+_URI_REFUSALS = ("no such vfs", "no such access mode", "no such cache mode")
+
+
+def _url_refusal(error: BaseException, path: Path | None, url: URL) -> StoreError | None:
+    """The one line for a store SQLite cannot open as its URL's options ask, else None."""
+    detail = str(error)
+    if not detail.startswith(_URI_REFUSALS):
+        return None
+    return StoreError(
+        f"{path or display_url(url)}: SQLite cannot open the store as the URL asks ({detail}); fix "
+        "or drop that option after '?' in --db / HERMES_STORE_URL (mode is ro, rw or rwc)"
+    )
 
 
 def _name_full_disk(context: ExceptionContext, path: Path | None) -> DiskFull | None:

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+#: Control characters and line separators, as Python escapes them (``\\n``, ``\\x85``).
+_ESCAPES = {
+    code: repr(chr(code))[1:-1] for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)
+}
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: a newline typed into a path cannot break the line it is in."""
+    return message.strip().translate(_ESCAPES)
+
 
 class StoreError(Exception):
-    """Base class of every error hermes-store raises on purpose."""
+    """Base class of every error hermes-store raises on purpose; its message is one line."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(one_line(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 class StoreNotFound(StoreError):

@@ -33,6 +33,7 @@ from hermes_store.engine import (
     BEGIN_OPTION,
     ENV_URL,
     check_side_files,
+    connect_read_only,
     create_store_engine,
     db_path,
     flush_to_disk,
@@ -217,7 +218,7 @@ def inspect_file(path: Path | None, script: ScriptDirectory | None = None) -> St
 
 @contextlib.contextmanager
 def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    conn = connect_read_only(path)
     try:
         yield conn
     finally:

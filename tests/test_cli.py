@@ -727,11 +727,20 @@ def test_search_answers_the_same_before_and_after_the_upgrade(legacy_store: Path
 # --------------------------------------------------------------------------------------
 
 
+def demo_rows(out: str) -> dict[str, int]:
+    """The demo's "searches before and after" table: hits per query."""
+    rows = {}
+    for query in cli.DEMO_QUERIES:
+        found = re.search(rf"^{re.escape(query)}\s+(\d+)\s+identical\s*$", out, re.MULTILINE)
+        assert found, (query, out[-2000:])
+        rows[query] = int(found.group(1))
+    return rows
+
+
 def test_demo_upgrades_a_legacy_store_with_identical_searches(tmp_path: Path) -> None:
     directory = tmp_path / "demo"
     result = invoke("demo", "--messages", "300", "--dir", directory)
     out = result.stdout
-    assert "identical" in out
     assert "DIFFERENT" not in out
     assert "layout: inline" in out
     assert "layout: external" in out
@@ -740,10 +749,66 @@ def test_demo_upgrades_a_legacy_store_with_identical_searches(tmp_path: Path) ->
     path = directory / "demo.db"
     assert scalar(path, "SELECT version_num FROM alembic_version") == HEAD
     assert scalar(path, "SELECT count(*) FROM messages") == 300
+    # Every hit is counted and compared, not a first page of 5.
+    rows = demo_rows(out)
+    engine = create_store_engine(path, create=False)
+    try:
+        with engine.connect() as conn:
+            every = {q: len(search_messages(conn, q, limit=-1)) for q in cli.DEMO_QUERIES}
+    finally:
+        engine.dispose()
+    assert rows == every
+    assert max(rows.values()) > 5
+    # It says where its store is and how to remove it (it made this directory).
+    last = out.strip().splitlines()[-1]
+    assert str(path) in last
+    assert f"rm -r {directory}" in last
     # It never overwrites an earlier run.
     assert_one_line_error(
         invoke("demo", "--messages", "300", "--dir", directory, expect=None), "exists"
     )
+    assert sorted(p.name for p in directory.iterdir()) == ["demo.db"]
+
+
+def test_demo_without_dir_says_which_temporary_directory_it_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # read TMPDIR again
+    try:
+        out = invoke("demo", "--messages", "120").stdout
+    finally:
+        tempfile.tempdir = None
+    made = [p for p in tmp_path.iterdir() if p.name.startswith("hermes-demo-")]
+    assert len(made) == 1
+    assert sorted(p.name for p in made[0].iterdir()) == ["demo.db"]
+    last = out.strip().splitlines()[-1]
+    assert f"{made[0] / 'demo.db'} (" in last
+    assert last.endswith(f"remove it with `rm -r {made[0]}`")
+
+
+def test_demo_into_an_existing_directory_says_to_remove_only_its_store(tmp_path: Path) -> None:
+    (tmp_path / "mine.txt").write_text("the user's own file\n")
+    out = invoke("demo", "--messages", "120", "--dir", tmp_path).stdout
+    assert out.strip().splitlines()[-1].endswith(f"remove it with `rm {tmp_path / 'demo.db'}`")
+
+
+def test_a_failed_demo_removes_what_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk(*_args: Any, **_kwargs: Any) -> Any:
+        raise cli.StoreError("the disk is full (a test)")
+
+    monkeypatch.setattr(cli, "optimize_store", full_disk)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert_one_line_error(
+        invoke("demo", "--messages", "120", "--dir", work / "new" / "demo", expect=None), "full"
+    )
+    assert list(work.iterdir()) == []
+    (work / "mine.txt").write_text("kept\n")
+    assert_one_line_error(invoke("demo", "--messages", "120", "--dir", work, expect=None), "full")
+    assert sorted(p.name for p in work.iterdir()) == ["mine.txt"]
 
 
 # --------------------------------------------------------------------------------------

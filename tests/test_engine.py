@@ -526,3 +526,60 @@ def test_translate_error_reads_sqlite_codes_and_the_exception_chain(db_file: Pat
     assert "\n" not in str(translated)
     # An error with no full disk behind it is left alone.
     assert translate_error(sqlite3.OperationalError("no such savepoint: s"), db_file) is None
+
+
+# -- PostgreSQL passwords from the environment (nothing in argv) -----------------------
+
+#: A password the test server (trust authentication) never checks: what matters is that
+#: libpq sent it, read from where the operator put it, not from the URL.
+ENV_PASSWORD = "from-the-environment"
+
+
+def _password_sent(url: str) -> str | None:
+    """The password the connection of a store engine used (libpq's PQpass)."""
+    engine = create_store_engine(url, create=False)
+    try:
+        with engine.connect() as conn:
+            driver_connection = conn.connection.driver_connection
+            assert driver_connection is not None
+            return driver_connection.info.password  # type: ignore[no-any-return]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgresql
+def test_a_url_without_a_password_takes_pgpassword(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    without = make_url(pg_url).set(password=None).render_as_string(hide_password=False)
+    assert ENV_PASSWORD not in without
+    monkeypatch.setenv("PGPASSWORD", ENV_PASSWORD)
+    monkeypatch.setenv("PGPASSFILE", "/nonexistent/pgpass")
+    assert _password_sent(without) == ENV_PASSWORD
+    # A password in the URL is the one sent, as libpq does.
+    given = make_url(pg_url).set(password="in-the-url").render_as_string(hide_password=False)
+    assert _password_sent(given) == "in-the-url"
+
+
+@pytest.mark.postgresql
+def test_a_url_without_a_password_takes_the_password_file(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = make_url(pg_url)
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(
+        f"{url.host}:{url.port or 5432}:{url.database}:{url.username}:{ENV_PASSWORD}\n"
+    )
+    passfile.chmod(0o600)  # libpq ignores a password file others may read
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(passfile))
+    assert _password_sent(url.set(password=None).render_as_string(hide_password=False)) == (
+        ENV_PASSWORD
+    )
+    # ~/.pgpass is libpq's default for PGPASSFILE.
+    monkeypatch.delenv("PGPASSFILE")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    passfile.rename(tmp_path / ".pgpass")
+    assert _password_sent(url.set(password=None).render_as_string(hide_password=False)) == (
+        ENV_PASSWORD
+    )
