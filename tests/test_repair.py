@@ -1,11 +1,12 @@
-"""`check --repair` repairs every damage `check` names in the FTS5 shadow tables.
+"""`check --repair` repairs every damage `check` names, and `check` names what it cannot.
 
 Each FTS5 shadow table damaged the ways SQLite 3.40 lets a hand (or a hostile writer) damage
 it: `check` names the index, `check --repair` (after its backup) re-creates the index from
 the search branch's own declaration and rebuilds it from the view, in one transaction; after
 it both FTS5 integrity checks pass, search answers exactly as a freshly rebuilt index does,
 and the agent writes again, through the legacy application's own SQL and through the Store
-API.
+API. Every index and trigger the store's revisions declare is checked and restored the same
+way.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from legacy.build import build_legacy_store
@@ -367,3 +371,122 @@ def test_a_legacy_inline_index_is_recreated_from_its_own_declaration(
     assert found == expected
     legacy_app_writes(path, "legacyappmarker")
     assert rows(path, f"SELECT rowid FROM {WORD} WHERE {WORD} MATCH 'legacyappmarker'")
+
+
+# --------------------------------------------------------------------------------------------
+# Every index and trigger the store's revisions declare
+# --------------------------------------------------------------------------------------------
+
+
+def _fresh_head_objects() -> dict[str, tuple[str, str]]:
+    """name -> (type, sql) of every index and trigger of a store created fresh at head,
+    the search mechanism's apart (read from the file, not from the code under test)."""
+    with tempfile.TemporaryDirectory(prefix="hermes-fresh-") as directory:
+        path = Path(directory) / "fresh.db"
+        with mock.patch.dict(os.environ, {"HERMES_HOME": str(Path(directory) / "home")}):
+            migrate.upgrade(str(path))
+        return {
+            name: (kind, sql)
+            for kind, name, sql in rows(
+                path,
+                "SELECT type, name, sql FROM sqlite_master WHERE type IN ('index', 'trigger') "
+                "AND sql IS NOT NULL AND name NOT LIKE 'messages_fts%'",
+            )
+        }
+
+
+FRESH = _fresh_head_objects()
+
+
+def test_the_revisions_declare_display_triggers_and_indexes() -> None:
+    kinds = {kind for kind, _sql in FRESH.values()}
+    assert kinds == {"index", "trigger"}
+    assert "messages_display_order_insert" in FRESH
+    assert len([k for k, _s in FRESH.values() if k == "index"]) > 10
+
+
+def test_every_view_of_a_fresh_store_is_one_check_compares(store: Path) -> None:
+    """Views are the search mechanism's (compared with the FTS branch): a revision that
+    adds another must be covered by check before this passes."""
+    views = {row[0] for row in rows(store, "SELECT name FROM sqlite_master WHERE type = 'view'")}
+    compared = {obj.name for obj in fts.head_objects() if obj.kind == "view"}
+    assert views
+    assert views <= compared
+
+
+@pytest.mark.parametrize("name", sorted(FRESH))
+def test_each_declared_index_and_trigger_dropped_is_named_and_restored(
+    store: Path, name: str
+) -> None:
+    kind, sql = FRESH[name]
+    with plain(store) as conn:
+        conn.execute(f"DROP {kind.upper()} {name}")
+    checked = cli("check", "--db", store)
+    assert checked.returncode == 1, checked
+    assert f"{kind} {name} (missing)" in checked.stderr
+    data = json.loads(cli("check", "--db", store, "--json").stdout)
+    assert data["problems"] == {f"{kind} {name}": "missing"}
+
+    repaired = cli("check", "--db", store, "--repair")
+    assert repaired.returncode == 0, repaired
+    assert f"{kind} {name}" in repaired.stdout
+    assert rows(store, "SELECT sql FROM sqlite_master WHERE name = ?", (name,)) == [(sql,)]
+    assert cli("check", "--db", store).returncode == 0
+    assert_the_agent_writes_again(store)
+
+
+def test_a_display_trigger_with_another_body_is_named_and_restored(store: Path) -> None:
+    with plain(store) as conn:
+        conn.execute("DROP TRIGGER messages_display_order_insert")
+        conn.execute(
+            "CREATE TRIGGER messages_display_order_insert AFTER INSERT ON messages "
+            "BEGIN SELECT 1; END"
+        )
+    data = json.loads(cli("check", "--db", store, "--json").stdout)
+    assert data["problems"] == {"trigger messages_display_order_insert": fts.DIFFERS}
+    assert cli("check", "--db", store, "--repair").returncode == 0
+    message_id = legacy_app_writes(store, "displayordermarker")
+    # The restored trigger gives the new message its display order, as revision 30 does.
+    assert rows(store, "SELECT display_order FROM messages WHERE id = ?", (message_id,)) == [
+        (message_id,)
+    ]
+
+
+def test_a_unique_index_the_rows_violate_is_said_not_repaired_and_the_rest_is(
+    store: Path,
+) -> None:
+    with plain(store) as conn:
+        conn.execute("DROP INDEX idx_sessions_title_unique")
+        conn.execute("DROP TRIGGER messages_display_order_insert")
+        conn.execute(
+            "UPDATE sessions SET title = 'twin title' WHERE id IN "
+            "(SELECT id FROM sessions ORDER BY id LIMIT 2)"
+        )
+    repaired = cli("check", "--db", store, "--repair", "--json")
+    assert repaired.returncode == 1
+    payload = json.loads(repaired.stdout)
+    assert "trigger messages_display_order_insert" in payload["repair"]["restored"]
+    why = payload["repair"]["not_repaired"]["index idx_sessions_title_unique"]
+    assert "UNIQUE" in why
+    assert "sessions" in why
+    assert "twin title" not in repaired.stdout + repaired.stderr
+    assert payload["problems"] == {"index idx_sessions_title_unique": "missing"}
+    assert rows(
+        store, "SELECT count(*) FROM sqlite_master WHERE name = 'messages_display_order_insert'"
+    ) == [(1,)]
+
+
+def test_an_unversioned_legacy_store_is_not_held_to_the_revisions(
+    inline_template: Path, tmp_path: Path
+) -> None:
+    """The application's own schema is not this package's to judge until `upgrade` adopts
+    it (adoption then adds what the revisions declare and the store lacks)."""
+    path = clone(inline_template, tmp_path / "legacy.db")
+    with plain(path) as conn:
+        conn.execute("DROP INDEX idx_sessions_source")
+    data = json.loads(cli("check", "--db", path, "--json").stdout)
+    assert data["ok"] is True
+    assert data["problems"] == {}
+    migrate.upgrade(str(path))
+    assert rows(path, "SELECT name FROM sqlite_master WHERE name = 'idx_sessions_source'")
+    assert json.loads(cli("check", "--db", path, "--json").stdout)["ok"] is True
