@@ -1111,12 +1111,13 @@ def check(
     view and the six triggers that keep the indexes in step with the messages), are
     compared with the revisions: each one missing, re-created by the Hermes application's
     FTS recovery with its inline-layout body, or otherwise different is named. So is each
-    FTS5 index that fails its check (a missing shadow table by name). With --repair
-    (after a consistent backup of the store) the objects are created again, every FTS
-    index they fed or whose check fails is dropped, declared again and rebuilt from what
-    it indexes, in one transaction (one per index on a legacy inline store), and the
-    checks run again: exit 0 only when they pass. Damage that PRAGMA integrity_check
-    reports is not repaired.
+    FTS5 index that fails its check (a missing shadow table by name), and each message
+    whose text is not UTF-8 (by id, never by its text). With --repair (after a consistent
+    backup of the store) the objects are created again, every FTS index they fed or whose
+    check fails is dropped, declared again and rebuilt from what it indexes, in one
+    transaction (one per index on a legacy inline store), and the checks run again: exit
+    0 only when they pass. Damage that PRAGMA integrity_check reports is not repaired,
+    nor are messages that are not UTF-8.
 
     On PostgreSQL: every index of the store valid and ready, every index and trigger the
     revisions declare present, the search extensions, functions and indexes exactly as the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sqlite3
 import tempfile
 import time
@@ -349,14 +350,15 @@ def truncate_wal(driver: sqlite3.Connection) -> bool:
 
 def check_store(conn: Connection, *, quick: bool = False, snapshot: bool = True) -> CheckResult:
     """`PRAGMA integrity_check` (or quick_check), the indexes and triggers the revisions
-    declare, the search mechanism, every FTS5 index.
+    declare, the search mechanism, every FTS5 index, and text that is not UTF-8.
 
     Every index and trigger the store's Alembic revisions declare (:mod:`declared`) and the
     search mechanism (view, declarations, triggers of an external-layout store, compared
     with the FTS branch's newest revision) are checked; each wrong object is a problem
     named ``"<kind> <name>"`` (for example ``"trigger messages_fts_delete"``), listed
-    before the index problems it causes. Indexes a deferred backfill has not filled yet
-    are skipped,
+    before the index problems it causes. Messages holding text that is not UTF-8 are named
+    by id and column under ``"messages text"``. Indexes a deferred backfill has not filled
+    yet are skipped,
     with the reason. The FTS5 checks run on a private copy in the temporary directory
     (``snapshot=True``, when it fits), so the agent's writes never wait for them; otherwise
     each holds the write lock for its run. A lock held past the busy timeout or a read-only
@@ -386,16 +388,19 @@ def check_store(conn: Connection, *, quick: bool = False, snapshot: bool = True)
     if reading and conn.in_transaction():
         conn.rollback()  # end the read: the FTS checks are writers from their BEGIN
     where = Path(tempfile.gettempdir()) if snapshot else None
-    result = integrity_check(conn, quick=quick, skip=skip, snapshot=where)
-    mechanism = check_mechanism(conn)
-    declared = {obj.label: why for obj, why in check_declared(conn).items()}
+    with _no_row_text():
+        result = integrity_check(conn, quick=quick, skip=skip, snapshot=where)
+        mechanism = check_mechanism(conn)
+        declared = {obj.label: why for obj, why in check_declared(conn).items()}
+        undecodable = undecodable_messages(conn)
     if reading and conn.in_transaction():
         conn.rollback()
     if mechanism.skipped is not None:
         log.debug("check: %s", mechanism.skipped)
     database = {k: v for k, v in result.problems.items() if k == "database"}
     indexes = {k: v for k, v in result.problems.items() if k != "database"}
-    result.problems = {**database, **declared, **mechanism.problems, **indexes}
+    rows = {UNDECODABLE: undecodable_problem(undecodable)} if undecodable else {}
+    result.problems = {**database, **declared, **mechanism.problems, **indexes, **rows}
     return result
 
 
@@ -458,7 +463,7 @@ def restore_declared(
                 raise translated from exc
             refused[obj.label] = (
                 f"not created again: the rows of {obj.table} refuse it "
-                f"({exc.orig}); correct them and run "
+                f"({without_row_text(str(exc.orig))}); correct them and run "
                 "`hermes-store check --repair` again"
             )
             continue
@@ -466,6 +471,67 @@ def restore_declared(
         restored[obj.label] = why
         log.info("repair: re-created %s (it was: %s)", obj.label, why)
     return restored, refused
+
+
+# -- rows whose text is not UTF-8 ------------------------------------------------------------
+
+#: The check item of messages whose text cannot be read as UTF-8.
+UNDECODABLE = "messages text"
+#: How many ids the problem names (then: "and N more").
+NAMED_IDS = 20
+_DECODE_ERROR = re.compile(r"(Could not decode to UTF-8 column '[^']*') with text .*", re.S)
+
+
+def undecodable_messages(conn: Connection) -> dict[int, list[str]]:
+    """Message id -> its columns holding TEXT that is not valid UTF-8 (a writer that stored
+    bytes as TEXT). Read as bytes, so that no text is ever decoded, or quoted in an error."""
+    columns = [str(row[1]) for row in conn.exec_driver_sql("PRAGMA table_info(messages)")]
+    if "id" not in columns:
+        return {}
+    values = ", ".join(
+        f'CASE WHEN typeof("{name}") = \'text\' THEN CAST("{name}" AS BLOB) END' for name in columns
+    )
+    found: dict[int, list[str]] = {}
+    for message_id, *texts in conn.exec_driver_sql(f"SELECT id, {values} FROM messages"):
+        for name, value in zip(columns, texts, strict=True):
+            if value is None:
+                continue
+            try:
+                bytes(value).decode("utf-8")
+            except UnicodeDecodeError:
+                found.setdefault(int(message_id), []).append(name)
+    return found
+
+
+def undecodable_problem(found: dict[int, list[str]]) -> str:
+    """What `check` says of messages whose text is not UTF-8: their ids and columns only."""
+    named = [f"{i} ({', '.join(columns)})" for i, columns in sorted(found.items())[:NAMED_IDS]]
+    more = f" and {len(found) - NAMED_IDS} more" if len(found) > NAMED_IDS else ""
+    return (
+        f"{len(found)} with text that is not UTF-8, ids {', '.join(named)}{more} (a writer "
+        "stored bytes as TEXT; the application cannot read them). --repair leaves them as "
+        "they are: rewrite or delete them"
+    )
+
+
+def without_row_text(detail: str) -> str:
+    """A driver's message without the row text it may quote (sqlite3's decode error does)."""
+    return _DECODE_ERROR.sub(r"\1", detail)
+
+
+@contextlib.contextmanager
+def _no_row_text() -> Iterator[None]:
+    """Re-raise a driver error that quotes a row's text as a StoreError that does not."""
+    try:
+        yield
+    except DBAPIError as exc:
+        detail = str(exc.orig)
+        if _DECODE_ERROR.search(detail) is None:
+            raise
+        raise StoreError(
+            f"SQLite returned text that is not UTF-8 ({without_row_text(detail)}); run "
+            "`hermes-store check` to name the rows"
+        ) from None
 
 
 @dataclass
@@ -532,7 +598,8 @@ def repair(
     only, for large stores) instead leaves the indexes to refill empty in the same
     transaction and fills them with the resumable backfill; so are indexes whose deferred
     backfill was pending. Damage that the database's own integrity_check reports is not
-    repaired: nothing is written then.
+    repaired: nothing is written then; nor are messages whose text is not UTF-8 (they are
+    the owner's: named in ``not_repaired``, left as they are).
     """
     path = db_path(str(engine.url))
     require_writable(path)
@@ -546,11 +613,15 @@ def repair(
             "indexes, so nothing was written. Restore a backup (or try sqlite3 `.recover`)"
         )
         return result
-    if before.ok:
+    if UNDECODABLE in before.problems:
+        result.not_repaired[UNDECODABLE] = (
+            "left as they are: their text is the owner's (rewrite or delete those messages)"
+        )
+    if not set(before.problems) - {UNDECODABLE}:
         return result
     writer = engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
     locks: list[float] = [0.0]
-    with sqlite_errors(path):
+    with sqlite_errors(path), _no_row_text():
         if path is not None:
             result.backup = _repair_backup(engine, backup_to or default_backup_path(path, "repair"))
         with writer.connect() as conn:

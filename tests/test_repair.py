@@ -6,7 +6,8 @@ the search branch's own declaration and rebuilds it from the view, in one transa
 it both FTS5 integrity checks pass, search answers exactly as a freshly rebuilt index does,
 and the agent writes again, through the legacy application's own SQL and through the Store
 API. Every index and trigger the store's revisions declare is checked and restored the same
-way.
+way. Rows a writer stored as bytes that are not UTF-8 are named by id, never by content,
+and left as they are.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import tempfile
@@ -37,6 +39,7 @@ INDEXES = (WORD, TRIGRAM)
 VIEW = fts.SOURCE_VIEW
 #: Queries whose every hit (id, snippet, order) is compared with a freshly rebuilt index.
 QUERIES = ("error", "docker", "json", "test", "file", "the", "数据库", "err*", "docker OR json")
+MARKER = "zq7SECRETmarker"
 #: Each index's update trigger as the search branch's newest revision declares it.
 UPDATE_TRIGGERS = {
     obj.index: obj.sql
@@ -490,3 +493,108 @@ def test_an_unversioned_legacy_store_is_not_held_to_the_revisions(
     migrate.upgrade(str(path))
     assert rows(path, "SELECT name FROM sqlite_master WHERE name = 'idx_sessions_source'")
     assert json.loads(cli("check", "--db", path, "--json").stdout)["ok"] is True
+
+
+# --------------------------------------------------------------------------------------------
+# Rows that cannot be read as UTF-8
+# --------------------------------------------------------------------------------------------
+
+#: "My AWS secret is zq7SECRETmarker" and an invalid byte, as a writer storing bytes left it.
+UNDECODABLE = (MARKER.encode() + b" my secret \xff\xfe tail").hex()
+
+
+def write_undecodable(path: Path) -> list[int]:
+    """Two messages whose text is not UTF-8: one in content, one in tool_calls."""
+    with plain(path) as conn:
+        session = conn.execute("SELECT id FROM sessions ORDER BY id LIMIT 1").fetchone()[0]
+        cursor = conn.execute(
+            "INSERT INTO messages (session_id, role, content, timestamp) "
+            f"VALUES (?, 'user', CAST(x'{UNDECODABLE}' AS TEXT), 1)",
+            (session,),
+        )
+        first = cursor.lastrowid
+        second = conn.execute("SELECT min(id) FROM messages").fetchone()[0]
+        conn.execute(
+            f"UPDATE messages SET tool_calls = CAST(x'{UNDECODABLE}' AS TEXT) WHERE id = ?",
+            (second,),
+        )
+    assert first is not None
+    return sorted([first, second])
+
+
+def test_rows_that_are_not_utf8_are_named_by_id_and_left_as_they_are(
+    store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    ids = write_undecodable(store)
+    digest = messages_digest(store)
+
+    checked = cli("check", "--db", store)
+    assert checked.returncode == 1, checked
+    assert_no_traceback(checked)
+    data = json.loads(cli("check", "--db", store, "--json").stdout)
+    (item,) = [key for key in data["problems"] if key.startswith("messages")]
+    why = data["problems"][item]
+    assert f"{ids[0]} (content)" in why or f"{ids[0]} (tool_calls)" in why
+    assert all(str(i) in why for i in ids)
+    assert "UTF-8" in why
+
+    damage(store, WORD, SHADOW_DAMAGE["config version"])  # something to repair beside them
+    repaired = cli("check", "--db", store, "--repair", "--json")
+    assert_no_traceback(repaired)
+    assert repaired.returncode == 1  # the rows are still there, and said so
+    payload = json.loads(repaired.stdout)
+    assert WORD in payload["repair"]["repaired"]
+    assert item in payload["repair"]["not_repaired"]
+    assert payload["problems"] == {item: why}
+    assert messages_digest(store) == digest
+    assert fts_checks(store) == HEALTHY
+    for proc in (checked, repaired):
+        assert MARKER not in proc.stdout + proc.stderr
+    assert MARKER not in caplog.text
+
+
+def test_a_store_whose_only_problem_is_undecodable_rows_is_not_written(store: Path) -> None:
+    write_undecodable(store)
+    before = rows(store, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
+    digest = messages_digest(store)
+    repaired = cli("check", "--db", store, "--repair")
+    assert repaired.returncode == 1
+    assert MARKER not in repaired.stdout + repaired.stderr
+    assert not backups(store)
+    assert messages_digest(store) == digest
+    assert rows(store, "SELECT type, name, sql FROM sqlite_master ORDER BY name") == before
+
+
+# --------------------------------------------------------------------------------------------
+# Nothing of a message in what check and repair say
+# --------------------------------------------------------------------------------------------
+
+
+def test_check_and_repair_never_say_a_message(
+    store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    for name in ("sqlalchemy", "hermes_store"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    with plain(store) as conn:
+        conn.execute(
+            "UPDATE messages SET content = content || ' ' || ? WHERE id % 3 = 0", (MARKER,)
+        )
+    write_undecodable(store)
+    for index in INDEXES:
+        damage(store, index, SHADOW_DAMAGE["stale text"])
+    with plain(store) as conn:
+        conn.execute("DROP TRIGGER messages_display_identity_update")
+    outputs = [
+        cli("check", "--db", store),
+        cli("check", "--db", store, "--json"),
+        cli("check", "--db", store, "--repair"),
+        cli("check", "--db", store, "--repair", "--deferred", "--json"),
+    ]
+    for proc in outputs:
+        assert_no_traceback(proc)
+        assert MARKER not in proc.stdout + proc.stderr
+    assert caplog.records
+    for record in caplog.records:
+        assert MARKER not in record.getMessage() + (record.exc_text or "")
