@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import create_engine, text
+from test_cli_postgresql import sql
 
 from hermes_store import migrate
 from hermes_store.cli import main
@@ -32,16 +32,6 @@ def invoke(*args: str, expect: int | None = 0) -> Result:
 
 def invoke_json(*args: str, expect: int | None = 0) -> Any:
     return json.loads(invoke(*args, "--json", expect=expect).stdout)
-
-
-def sql(url: str, statement: str) -> list[tuple[Any, ...]]:
-    engine = create_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            result = conn.execute(text(statement))
-            return [tuple(row) for row in result] if result.returns_rows else []
-    finally:
-        engine.dispose()
 
 
 def index_definitions(url: str) -> dict[str, str]:

@@ -25,11 +25,11 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from legacy.build import build_legacy_store
 from migration_support import clone
-from reliability_support import Proc, cli
+from reliability_support import Proc, build_corpus_store, cli
+from test_staged_rebuild import app_writes
 
-from hermes_store import corpus, fts, maintenance, migrate
+from hermes_store import fts, maintenance, migrate
 from hermes_store.engine import create_store_engine
 from hermes_store.search import search_messages
 from hermes_store.store import NewMessage, Store
@@ -150,20 +150,6 @@ def assert_no_traceback(proc: Proc) -> None:
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
 
 
-def legacy_app_writes(path: Path, word: str) -> int:
-    """The legacy application appends a message: its own INSERT, its triggers firing."""
-    with plain(path) as conn:
-        session, at = conn.execute(
-            "SELECT session_id, max(timestamp) FROM messages GROUP BY session_id LIMIT 1"
-        ).fetchone()
-        cursor = conn.execute(
-            "INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)",
-            (session, "user", f"please look at {word} again 数据库{word}", at + 1),
-        )
-        assert cursor.lastrowid is not None
-        return cursor.lastrowid
-
-
 def store_api_writes(path: Path, word: str) -> int:
     """The agent appends a message through the Store API."""
     session = rows(path, "SELECT id FROM sessions ORDER BY id LIMIT 1")[0][0]
@@ -174,7 +160,7 @@ def store_api_writes(path: Path, word: str) -> int:
 def assert_the_agent_writes_again(path: Path) -> None:
     """Both ways of writing work, both indexes take the rows, search finds them."""
     written = {
-        "legacyappmarker": legacy_app_writes(path, "legacyappmarker"),
+        "legacyappmarker": app_writes(path, "legacyappmarker"),
         "storeapimarker": store_api_writes(path, "storeapimarker"),
     }
     assert fts_checks(path) == HEALTHY
@@ -199,11 +185,7 @@ def assert_the_agent_writes_again(path: Path) -> None:
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A legacy 21 store with a corpus, upgraded to head."""
     directory = tmp_path_factory.mktemp("repair")
-    path = directory / "template.db"
-    build_legacy_store(path, 21)
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        corpus.populate(conn, corpus.generate(300, 23))
-        conn.commit()
+    path = build_corpus_store(directory / "template.db", 300, seed=23)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HERMES_HOME", str(directory / "home"))
         patch.delenv("HERMES_STORE_URL", raising=False)
@@ -346,11 +328,8 @@ def test_a_repair_that_fails_midway_leaves_the_store_as_it_was(
 @pytest.fixture(scope="module")
 def inline_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A legacy 21 store (inline indexes, never upgraded) with a corpus."""
-    path = tmp_path_factory.mktemp("repair-inline") / "legacy.db"
-    build_legacy_store(path, 21)
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        corpus.populate(conn, corpus.generate(200, 29))
-        conn.commit()
+    path = build_corpus_store(tmp_path_factory.mktemp("repair-inline") / "legacy.db", 200, seed=29)
+    with plain(path) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return path
 
@@ -372,7 +351,7 @@ def test_a_legacy_inline_index_is_recreated_from_its_own_declaration(
     assert fts_checks(path) == HEALTHY
     found = rows(path, f"SELECT rowid FROM {WORD} WHERE {WORD} MATCH 'error' ORDER BY rowid")
     assert found == expected
-    legacy_app_writes(path, "legacyappmarker")
+    app_writes(path, "legacyappmarker")
     assert rows(path, f"SELECT rowid FROM {WORD} WHERE {WORD} MATCH 'legacyappmarker'")
 
 
@@ -448,7 +427,7 @@ def test_a_display_trigger_with_another_body_is_named_and_restored(store: Path) 
     data = json.loads(cli("check", "--db", store, "--json").stdout)
     assert data["problems"] == {"trigger messages_display_order_insert": fts.DIFFERS}
     assert cli("check", "--db", store, "--repair").returncode == 0
-    message_id = legacy_app_writes(store, "displayordermarker")
+    message_id = app_writes(store, "displayordermarker")
     # The restored trigger gives the new message its display order, as revision 30 does.
     assert rows(store, "SELECT display_order FROM messages WHERE id = ?", (message_id,)) == [
         (message_id,)
