@@ -1146,20 +1146,27 @@ def check(
     deferred: bool,
     fmt: str,
 ) -> None:
-    """Run PRAGMA integrity_check, the search mechanism and FTS5 checks; exit 1 when broken.
+    """Run PRAGMA integrity_check, the schema, search mechanism and FTS5 checks; exit 1
+    when broken.
 
-    The search mechanism is the view and the six triggers that keep the indexes in step
-    with the messages: each one missing, re-created by the Hermes application's FTS
-    recovery with its inline-layout body, or otherwise different is named. With --repair
-    (after a consistent backup of the store) they are restored, every FTS index they fed or
-    whose check fails is rebuilt from what it indexes, and the checks run again: exit 0
-    only when they pass. Damage that PRAGMA integrity_check reports is not repaired.
+    Every index and trigger the store's revisions declare, and the search mechanism (the
+    view and the six triggers that keep the indexes in step with the messages), are
+    compared with the revisions: each one missing, re-created by the Hermes application's
+    FTS recovery with its inline-layout body, or otherwise different is named. So is each
+    FTS5 index that fails its check (a missing shadow table by name), and each message
+    whose text is not UTF-8 (by id, never by its text). With --repair (after a consistent
+    backup of the store) the objects are created again, every FTS index they fed or whose
+    check fails is dropped, declared again and rebuilt from what it indexes, in one
+    transaction (one per index on a legacy inline store), and the checks run again: exit
+    0 only when they pass. Damage that PRAGMA integrity_check reports is not repaired,
+    nor are messages that are not UTF-8.
 
-    On PostgreSQL: every index of the store valid and ready, the search extensions,
-    functions and indexes exactly as the fts1 revision creates them, the display triggers,
-    and each B-tree index verified by amcheck when the extension is installed (--quick:
-    not). --repair rebuilds an invalid index (REINDEX INDEX CONCURRENTLY) and re-creates a
-    missing or different search object from its revision, without blocking writes.
+    On PostgreSQL: every index of the store valid and ready, every index and trigger the
+    revisions declare present, the search extensions, functions and indexes exactly as the
+    fts1 revision creates them, and each B-tree index verified by amcheck when the
+    extension is installed (--quick: not). --repair rebuilds an invalid index (REINDEX
+    INDEX CONCURRENTLY) and re-creates a missing or different object from its revision,
+    without blocking writes.
 
     \b
     Example:
@@ -1286,6 +1293,10 @@ def _print_repair(repaired: RepairResult) -> None:
     ]
     records += [
         {"item": index, "done": f"repaired: {how}"} for index, how in repaired.repaired.items()
+    ]
+    records += [
+        {"item": item, "done": f"not repaired: {why}"}
+        for item, why in repaired.not_repaired.items()
     ]
     if records:
         emit_records("text", records, ["item", "done"], headers={"done": ""})

@@ -18,6 +18,7 @@ from sqlalchemy import Connection, RootTransaction, bindparam, text
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store.engine import BEGIN_OPTION, create_store_engine, db_path, translate_error
+from hermes_store.errors import StoreError
 from hermes_store.revisions import fts_head
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ def check_index(conn: Connection, name: str) -> str | None:
     The check is an INSERT, so it needs write access: a held lock, a read-only store or a
     full disk says nothing about the index and is raised as its domain error instead.
     """
+    error = None
     savepoint = conn.begin_nested() if conn.in_transaction() else begin_writing(conn)
     try:
         conn.exec_driver_sql(f"INSERT INTO {name}({name}, rank) VALUES ('integrity-check', 1)")
@@ -218,10 +220,14 @@ def check_index(conn: Connection, name: str) -> str | None:
         translated = translate_error(exc)
         if translated is not None:
             raise translated from exc
-        return str(exc.orig)
+        error = str(exc.orig)
     finally:
         savepoint.rollback()
-    return None
+    if error is None:
+        return None
+    # FTS5 says 'SQL logic error' for a missing shadow table: name it.
+    missing = missing_shadow_tables(conn, name)
+    return f"{error}; {', '.join(missing)} missing" if missing else error
 
 
 def integrity_check(
@@ -369,21 +375,131 @@ def reindex_from_messages(conn: Connection, name: str) -> None:
     declaration = _declaration(conn, name)
     if declaration is None:
         raise ValueError(f"{name} does not exist in this store")
-    conn.exec_driver_sql(f"DROP TABLE {name}")
-    conn.exec_driver_sql(declaration)
+    recreate_index(conn, name, declaration)
     conn.exec_driver_sql(
         f"INSERT INTO {name}(rowid, content) SELECT id, {INDEXED_EXPRESSION} FROM messages"
     )
     optimize_index(conn, name)
 
 
+_CONTENT_OPTION = re.compile(r"\bcontent\s*=\s*'([^']+)'", re.IGNORECASE)
+
+
 def repair_index(conn: Connection, name: str) -> str:
-    """Rebuild a broken index from what it indexes; return how, for the log and the report."""
-    if index_layout(conn, name) == "external":
-        rebuild_index(conn, name)
-        return f"rebuilt from {SOURCE_VIEW}"
-    reindex_from_messages(conn, name)
-    return "re-indexed from messages (inline layout)"
+    """Re-create a broken index from its own declaration and fill it again from what it
+    indexes (external content: FTS5 'rebuild' from its view; inline: re-indexed from
+    `messages`); return how, for the log and the report. Runs in the caller's transaction."""
+    declaration = _declaration(conn, name)
+    if declaration is None:
+        raise ValueError(f"{name} does not exist in this store")
+    source = _CONTENT_OPTION.search(declaration)
+    if source is None:
+        reindex_from_messages(conn, name)
+        return "re-created and re-indexed from messages (inline layout)"
+    recreate_index(conn, name, declaration)
+    rebuild_index(conn, name)
+    return f"re-created and rebuilt from {source.group(1)}"
+
+
+# -- re-creating a damaged index --------------------------------------------------------------
+# FTS5 keeps an index in shadow tables (`<index>_data`, `_idx`, `_config`, `_docsize`, and
+# `_content` for an inline one). Some damage to them (a wrong 'version' in `_config`, a
+# missing `_config` or `_data`, a lost structure record) makes FTS5 refuse to open the
+# index at all: then neither its 'rebuild' nor DROP TABLE runs (SQLite 3.40), nor does any
+# write to `messages` through the triggers. An index holds nothing that `messages` does not,
+# so a damaged one is dropped whole and declared again, inside the caller's transaction.
+
+_PROBE = "hermes_shadow_probe"
+
+
+def shadow_tables(conn: Connection, name: str) -> list[str]:
+    """The tables SQLite counts as the shadow tables of the virtual table ``name``."""
+    prefix = name + "_"
+    return sorted(
+        str(row[1])
+        for row in conn.exec_driver_sql("PRAGMA main.table_list")
+        if row[2] == "shadow"
+        and str(row[1]).startswith(prefix)
+        and "_" not in str(row[1])[len(prefix) :]
+    )
+
+
+def missing_shadow_tables(conn: Connection, name: str) -> list[str]:
+    """The shadow tables FTS5 creates for ``name``'s declaration that the store lacks (the
+    declaration is tried on a temporary table: the list is FTS5's, not this package's)."""
+    declaration = _declaration(conn, name)
+    match = _CREATED.match(declaration or "")
+    if declaration is None or match is None:
+        return []
+    probe = declaration[: match.start(1)] + f"temp.{_PROBE}" + declaration[match.end(1) :]
+    savepoint = conn.begin_nested() if conn.in_transaction() else conn.begin()
+    try:
+        conn.exec_driver_sql(probe)
+        suffixes = [
+            str(row[1])[len(_PROBE) :]
+            for row in conn.exec_driver_sql("PRAGMA temp.table_list")
+            if row[2] == "shadow" and str(row[1]).startswith(_PROBE + "_")
+        ]
+    except DBAPIError:  # this SQLite cannot declare it (no trigram tokenizer): say nothing
+        return []
+    finally:
+        savepoint.rollback()
+    present = set(shadow_tables(conn, name))
+    return sorted(name + suffix for suffix in suffixes if name + suffix not in present)
+
+
+def drop_index(conn: Connection, name: str) -> None:
+    """Drop an FTS5 index and its shadow tables, even when FTS5 can no longer open it.
+
+    When DROP TABLE fails (FTS5 cannot construct the table), the table's entry is removed
+    from sqlite_master (`writable_schema`; a virtual table owns no pages, so none are lost)
+    and its shadow tables are dropped as the plain tables they are. Runs in the caller's
+    transaction: a failure later in it rolls all of this back.
+    """
+    shadows = shadow_tables(conn, name)
+    savepoint = conn.begin_nested()
+    try:
+        conn.exec_driver_sql(f'DROP TABLE "{name}"')
+    except DBAPIError as exc:
+        savepoint.rollback()
+        translated = translate_error(exc)
+        if translated is not None:
+            raise translated from exc
+        log.info(
+            "repair: FTS5 cannot open %s (%s); dropping it by its schema entry", name, exc.orig
+        )
+        _forget_virtual_table(conn, name)
+        for table in shadows:
+            conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{table}"')
+    else:
+        savepoint.commit()
+
+
+def _forget_virtual_table(conn: Connection, name: str) -> None:
+    """Remove a virtual table's entry from sqlite_master, then make every connection read
+    the schema again (the schema cookie)."""
+    try:
+        conn.exec_driver_sql("PRAGMA writable_schema = ON")
+        conn.execute(
+            text("DELETE FROM sqlite_master WHERE type = 'table' AND name = :name"),
+            {"name": name},
+        )
+    except DBAPIError as exc:
+        raise StoreError(
+            f"{name} cannot be dropped: FTS5 cannot open it and this SQLite refuses schema "
+            f"edits ({exc.orig}); nothing was changed. Restore the backup, or rebuild the "
+            "store with `hermes-store copy`"
+        ) from None
+    finally:
+        conn.exec_driver_sql("PRAGMA writable_schema = OFF")
+    cookie = int(conn.exec_driver_sql("PRAGMA schema_version").scalar_one())
+    conn.exec_driver_sql(f"PRAGMA schema_version = {cookie + 1}")
+
+
+def recreate_index(conn: Connection, name: str, declaration: str) -> None:
+    """Drop an index (:func:`drop_index`) and declare it again, empty."""
+    drop_index(conn, name)
+    conn.exec_driver_sql(declaration)
 
 
 # -- the search mechanism: the view, both declarations and the six triggers -----------------
@@ -399,10 +515,13 @@ INLINE_BODY = "inline-layout body (the Hermes application's FTS recovery re-crea
 DIFFERS = "differs from this package's definition"
 
 _CREATED = re.compile(
-    r"\s*CREATE\s+(?:VIRTUAL\s+)?(?:TABLE|VIEW|TRIGGER)\s+(?:IF\s+NOT\s+EXISTS\s+)?([\w\"'`\[\]]+)",
+    r"\s*CREATE\s+(?:VIRTUAL\s+|UNIQUE\s+)?(?:TABLE|VIEW|TRIGGER|INDEX)\s+"
+    r"(?:IF\s+NOT\s+EXISTS\s+)?([\w\"'`\[\]]+)",
     re.IGNORECASE,
 )
-_IF_NOT_EXISTS = re.compile(r"^(CREATE (?:VIRTUAL )?(?:TABLE|VIEW|TRIGGER)) IF NOT EXISTS ", re.I)
+_IF_NOT_EXISTS = re.compile(
+    r"^(CREATE (?:VIRTUAL |UNIQUE )?(?:TABLE|VIEW|TRIGGER|INDEX)) IF NOT EXISTS ", re.I
+)
 _SCHEMA_OBJECTS = (
     "SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger')"
 )
@@ -422,7 +541,7 @@ def _created_name(sql: str) -> str:
     """The name a CREATE statement gives its object."""
     match = _CREATED.match(sql)
     if match is None:
-        raise ValueError(f"not a CREATE TABLE / VIEW / TRIGGER statement: {sql[:60]!r}")
+        raise ValueError(f"not a CREATE TABLE / VIEW / TRIGGER / INDEX statement: {sql[:60]!r}")
     return match.group(1).strip("\"'`[]")
 
 
@@ -645,7 +764,11 @@ def _drop(conn: Connection, name: str) -> None:
     row = conn.execute(
         text("SELECT type FROM sqlite_master WHERE name = :name"), {"name": name}
     ).first()
-    if row is not None and str(row[0]) in ("trigger", "view", "table"):
+    if row is None:
+        return
+    if str(row[0]) == "table":
+        drop_index(conn, name)  # an FTS5 declaration, perhaps one FTS5 cannot open
+    elif str(row[0]) in ("trigger", "view"):
         conn.exec_driver_sql(f'DROP {str(row[0]).upper()} "{name}"')
 
 
@@ -657,10 +780,12 @@ def restore_mechanism(
     Runs in the caller's write transaction. Wrong objects are dropped (triggers first) and
     created again: the view, a wrong declaration (its index is refilled: the text lives in
     `messages`), then the triggers. Every index whose triggers or declaration were wrong, or
-    whose FTS5 integrity check (rank 1) fails afterwards, is rebuilt from the view (FTS5
-    'rebuild', exact whatever the index held) and merged ('optimize'). Indexes in
-    ``exclude`` (a deferred backfill pending) are not checked; those of them, and with
-    ``rebuild=False`` all of them, that need refilling are returned in ``to_refill``.
+    whose FTS5 integrity check (rank 1) fails afterwards, is dropped whole and declared
+    again from `fts_head()` (:func:`recreate_index`: damaged shadow tables may keep FTS5
+    from opening it at all), then rebuilt from the view (FTS5 'rebuild') and merged
+    ('optimize'). Indexes in ``exclude`` (a deferred backfill pending) are not checked;
+    those of them, and with ``rebuild=False`` all of them, that need refilling are left
+    declared again and empty, and returned in ``to_refill``.
     """
     check = check_mechanism(conn)
     outcome = MechanismRestore(skipped=check.skipped)
@@ -693,12 +818,18 @@ def restore_mechanism(
         elif index not in exclude:
             error = check_index(conn, index)
             if error is not None:
-                reasons[index] = f"its integrity check failed: {error}"
+                reasons[index] = f"because its integrity check failed: {error}"
+    declarations = {obj.name: obj.sql for obj in check.objects if obj.kind == "table"}
     for index, reason in reasons.items():
+        # Declared again whatever was wrong: FTS5 may not even open the one the store has.
+        if f"table {index}" not in outcome.restored:
+            recreate_index(conn, index, declarations[index])
         if rebuild and index not in exclude:
             rebuild_index(conn, index)
-            outcome.rebuilt[index] = f"rebuilt from {SOURCE_VIEW} {reason}"
-            log.info("restore: %s rebuilt from %s %s", index, SOURCE_VIEW, reason)
+            outcome.rebuilt[index] = f"declared again and rebuilt from {SOURCE_VIEW} {reason}"
+            log.info(
+                "restore: %s declared again and rebuilt from %s %s", index, SOURCE_VIEW, reason
+            )
         else:
             outcome.to_refill[index] = reason
     return outcome

@@ -1,9 +1,11 @@
-"""Keeping a store small and healthy: counts, optimize (merge + checkpoint + VACUUM)."""
+"""Keeping a store small and healthy: counts, optimize (merge + checkpoint + VACUUM), check
+and repair."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sqlite3
 import tempfile
 import time
@@ -13,19 +15,30 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from hermes_store import backfill
 from hermes_store.backfill import pending, rows_left
 from hermes_store.backup import backup_from, default_backup_path, remove_partials
-from hermes_store.engine import BEGIN_OPTION, db_path, require_writable, sqlite_errors
+from hermes_store.declared import Declared, app_version, declared_objects
+from hermes_store.engine import (
+    BEGIN_OPTION,
+    db_path,
+    require_writable,
+    sqlite_errors,
+    translate_error,
+)
 from hermes_store.errors import NotEnoughFreeSpace, StoreError
 from hermes_store.fts import (
+    DIFFERS,
     INDEXES,
+    MISSING,
     CheckResult,
     begin_writing,
     check_mechanism,
     index_layout,
     integrity_check,
+    normalise_sql,
     optimize_index,
     present_indexes,
     repair_index,
@@ -336,12 +349,16 @@ def truncate_wal(driver: sqlite3.Connection) -> bool:
 
 
 def check_store(conn: Connection, *, quick: bool = False, snapshot: bool = True) -> CheckResult:
-    """`PRAGMA integrity_check` (or quick_check), the search mechanism, every FTS5 index.
+    """`PRAGMA integrity_check` (or quick_check), the indexes and triggers the revisions
+    declare, the search mechanism, every FTS5 index, and text that is not UTF-8.
 
-    The search mechanism (view, declarations, triggers of an external-layout store) is
-    compared with the FTS branch's newest revision; each wrong object is a problem named
-    ``"<kind> <name>"`` (for example ``"trigger messages_fts_delete"``), listed before the
-    index problems it causes. Indexes a deferred backfill has not filled yet are skipped,
+    Every index and trigger the store's Alembic revisions declare (:mod:`declared`) and the
+    search mechanism (view, declarations, triggers of an external-layout store, compared
+    with the FTS branch's newest revision) are checked; each wrong object is a problem
+    named ``"<kind> <name>"`` (for example ``"trigger messages_fts_delete"``), listed
+    before the index problems it causes. Messages holding text that is not UTF-8 are named
+    by id and column under ``"messages text"``. Indexes a deferred backfill has not filled
+    yet are skipped,
     with the reason. The FTS5 checks run on a private copy in the temporary directory
     (``snapshot=True``, when it fits), so the agent's writes never wait for them; otherwise
     each holds the write lock for its run. A lock held past the busy timeout or a read-only
@@ -371,15 +388,150 @@ def check_store(conn: Connection, *, quick: bool = False, snapshot: bool = True)
     if reading and conn.in_transaction():
         conn.rollback()  # end the read: the FTS checks are writers from their BEGIN
     where = Path(tempfile.gettempdir()) if snapshot else None
-    result = integrity_check(conn, quick=quick, skip=skip, snapshot=where)
-    mechanism = check_mechanism(conn)
+    with _no_row_text():
+        result = integrity_check(conn, quick=quick, skip=skip, snapshot=where)
+        mechanism = check_mechanism(conn)
+        declared = {obj.label: why for obj, why in check_declared(conn).items()}
+        undecodable = undecodable_messages(conn)
+    if reading and conn.in_transaction():
+        conn.rollback()
     if mechanism.skipped is not None:
         log.debug("check: %s", mechanism.skipped)
-    if mechanism.problems:
-        database = {k: v for k, v in result.problems.items() if k == "database"}
-        indexes = {k: v for k, v in result.problems.items() if k != "database"}
-        result.problems = {**database, **mechanism.problems, **indexes}
+    database = {k: v for k, v in result.problems.items() if k == "database"}
+    indexes = {k: v for k, v in result.problems.items() if k != "database"}
+    rows = {UNDECODABLE: undecodable_problem(undecodable)} if undecodable else {}
+    result.problems = {**database, **declared, **mechanism.problems, **indexes, **rows}
     return result
+
+
+# -- every index and trigger the store's revisions declare ----------------------------------
+
+
+def declared_version(conn: Connection) -> int | None:
+    """The application schema version whose indexes and triggers the store must have: the
+    newest its Alembic revisions include. None for a store not under Alembic (its schema is
+    the application's own until `hermes-store upgrade` adopts it)."""
+    found = conn.execute(
+        text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'")
+    ).first()
+    if found is None:
+        return None
+    heads = [str(row[0]) for row in conn.execute(text("SELECT version_num FROM alembic_version"))]
+    return app_version(heads)
+
+
+def check_declared(conn: Connection) -> dict[Declared, str]:
+    """Each index and trigger the store's revisions declare that is missing (MISSING) or
+    defined otherwise (DIFFERS); the search mechanism's are :func:`fts.check_mechanism`'s."""
+    version = declared_version(conn)
+    if version is None:
+        log.debug("check: not under Alembic; its indexes and triggers are the application's")
+        return {}
+    found = {
+        str(name): (str(kind), None if sql is None else str(sql))
+        for kind, name, sql in conn.execute(
+            text("SELECT type, name, sql FROM sqlite_master WHERE type IN ('index', 'trigger')")
+        )
+    }
+    wrong: dict[Declared, str] = {}
+    for obj in declared_objects(version):
+        kind, sql = found.get(obj.name, (None, None))
+        if kind is None:
+            wrong[obj] = MISSING
+        elif kind != obj.kind or sql is None or normalise_sql(sql) != normalise_sql(obj.sql):
+            wrong[obj] = DIFFERS
+    return wrong
+
+
+def restore_declared(
+    conn: Connection, wrong: dict[Declared, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Create each wrong index and trigger again from its revision's DDL, in the caller's
+    transaction; (label -> what was wrong) for those restored, (label -> why not) for those
+    the store's rows refuse (a unique index its rows violate: the rest goes on)."""
+    restored: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    for obj, why in wrong.items():
+        savepoint = conn.begin_nested()
+        try:
+            conn.exec_driver_sql(f'DROP {obj.kind.upper()} IF EXISTS "{obj.name}"')
+            conn.exec_driver_sql(obj.sql)
+        except DBAPIError as exc:
+            savepoint.rollback()
+            translated = translate_error(exc)
+            if translated is not None:
+                raise translated from exc
+            refused[obj.label] = (
+                f"not created again: the rows of {obj.table} refuse it "
+                f"({without_row_text(str(exc.orig))}); correct them and run "
+                "`hermes-store check --repair` again"
+            )
+            continue
+        savepoint.commit()
+        restored[obj.label] = why
+        log.info("repair: re-created %s (it was: %s)", obj.label, why)
+    return restored, refused
+
+
+# -- rows whose text is not UTF-8 ------------------------------------------------------------
+
+#: The check item of messages whose text cannot be read as UTF-8.
+UNDECODABLE = "messages text"
+#: How many ids the problem names (then: "and N more").
+NAMED_IDS = 20
+_DECODE_ERROR = re.compile(r"(Could not decode to UTF-8 column '[^']*') with text .*", re.S)
+
+
+def undecodable_messages(conn: Connection) -> dict[int, list[str]]:
+    """Message id -> its columns holding TEXT that is not valid UTF-8 (a writer that stored
+    bytes as TEXT). Read as bytes, so that no text is ever decoded, or quoted in an error."""
+    columns = [str(row[1]) for row in conn.exec_driver_sql("PRAGMA table_info(messages)")]
+    if "id" not in columns:
+        return {}
+    values = ", ".join(
+        f'CASE WHEN typeof("{name}") = \'text\' THEN CAST("{name}" AS BLOB) END' for name in columns
+    )
+    found: dict[int, list[str]] = {}
+    for message_id, *texts in conn.exec_driver_sql(f"SELECT id, {values} FROM messages"):
+        for name, value in zip(columns, texts, strict=True):
+            if value is None:
+                continue
+            try:
+                bytes(value).decode("utf-8")
+            except UnicodeDecodeError:
+                found.setdefault(int(message_id), []).append(name)
+    return found
+
+
+def undecodable_problem(found: dict[int, list[str]]) -> str:
+    """What `check` says of messages whose text is not UTF-8: their ids and columns only."""
+    named = [f"{i} ({', '.join(columns)})" for i, columns in sorted(found.items())[:NAMED_IDS]]
+    more = f" and {len(found) - NAMED_IDS} more" if len(found) > NAMED_IDS else ""
+    return (
+        f"{len(found)} with text that is not UTF-8, ids {', '.join(named)}{more} (a writer "
+        "stored bytes as TEXT; the application cannot read them). --repair leaves them as "
+        "they are: rewrite or delete them"
+    )
+
+
+def without_row_text(detail: str) -> str:
+    """A driver's message without the row text it may quote (sqlite3's decode error does)."""
+    return _DECODE_ERROR.sub(r"\1", detail)
+
+
+@contextlib.contextmanager
+def _no_row_text() -> Iterator[None]:
+    """Re-raise a driver error that quotes a row's text as a StoreError that does not."""
+    try:
+        yield
+    except DBAPIError as exc:
+        detail = str(exc.orig)
+        if _DECODE_ERROR.search(detail) is None:
+            raise
+        raise StoreError(
+            f"SQLite returned text that is not UTF-8 ({without_row_text(detail)}); run "
+            "`hermes-store check` to name the rows"
+        ) from None
 
 
 @dataclass
@@ -395,6 +547,8 @@ class RepairResult:
     backup: Path | None = None
     #: Why nothing was repaired although the check failed, if so.
     refused: str | None = None
+    #: Check item -> why this repair left it as it is (the rest was repaired).
+    not_repaired: dict[str, str] = field(default_factory=dict)
     #: The longest time one repair transaction held the store's write lock, in seconds.
     longest_write_lock_s: float = 0.0
 
@@ -413,6 +567,7 @@ class RepairResult:
             "restored": self.restored,
             "backup": str(self.backup) if self.backup else None,
             "refused": self.refused,
+            "not_repaired": self.not_repaired,
             "longest_write_lock_s": round(self.longest_write_lock_s, 3),
         }
 
@@ -425,19 +580,26 @@ def repair(
     quick: bool = False,
     progress: Callable[[backfill.BackfillProgress], None] | None = None,
 ) -> RepairResult:
-    """Check the store; restore its search mechanism; rebuild every broken index; check again.
+    """Check the store; restore what its revisions declare; rebuild every broken index;
+    check again.
 
     Before anything is written, a consistent backup goes to ``backup_to`` (default
-    ``<store>.repair-<UTC time>.bak`` next to it). First the search mechanism of an
-    external-layout store is restored from the FTS branch's newest revision (the view, a
-    wrong declaration, every missing or wrong trigger) and every index it fed, or whose
-    check fails, is rebuilt from the view, all in one write transaction. Then any other
-    broken index is rebuilt from what it indexes (an inline one re-indexed from
-    `messages`), in one write transaction per index. ``deferred=True`` (external layout
-    only, for large stores) instead empties the indexes to refill in the same short
+    ``<store>.repair-<UTC time>.bak`` next to it). Then, in one write transaction: every
+    index and trigger the store's revisions declare that is missing or different is
+    created again from its revision's DDL (one its rows refuse is named in
+    ``not_repaired``); the search mechanism of an external-layout store is restored from
+    the FTS branch's newest revision (the view, a wrong declaration, every missing or wrong
+    trigger), and every index it fed, or whose check fails, is dropped whole (also when
+    FTS5 can no longer open it), declared again from that revision and rebuilt from the
+    view. Then any other broken index is re-created from its own declaration and filled
+    again (an inline one re-indexed from `messages`), in one write transaction per index.
+    A failure rolls back the transaction in progress: each one leaves the store as it was
+    or repaired, and a second run goes on from there. ``deferred=True`` (external layout
+    only, for large stores) instead leaves the indexes to refill empty in the same
     transaction and fills them with the resumable backfill; so are indexes whose deferred
     backfill was pending. Damage that the database's own integrity_check reports is not
-    repaired: nothing is written then.
+    repaired: nothing is written then; nor are messages whose text is not UTF-8 (they are
+    the owner's: named in ``not_repaired``, left as they are).
     """
     path = db_path(str(engine.url))
     require_writable(path)
@@ -451,18 +613,24 @@ def repair(
             "indexes, so nothing was written. Restore a backup (or try sqlite3 `.recover`)"
         )
         return result
-    if before.ok:
+    if UNDECODABLE in before.problems:
+        result.not_repaired[UNDECODABLE] = (
+            "left as they are: their text is the owner's (rewrite or delete those messages)"
+        )
+    if not set(before.problems) - {UNDECODABLE}:
         return result
     writer = engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
     locks: list[float] = [0.0]
-    with sqlite_errors(path):
+    with sqlite_errors(path), _no_row_text():
         if path is not None:
             result.backup = _repair_backup(engine, backup_to or default_backup_path(path, "repair"))
         with writer.connect() as conn:
             with conn.begin(), _timed(locks):
+                restored, refused = restore_declared(conn, check_declared(conn))
+                result.not_repaired.update(refused)
                 waiting = {item.index for item in pending(conn)}
                 restore = restore_mechanism(conn, rebuild=not deferred, exclude=waiting)
-                result.restored = restore.restored
+                result.restored = {**restored, **restore.restored}
                 result.repaired.update(restore.rebuilt)
                 refill = list(restore.to_refill)
                 # Not this package's layout: each broken index is rebuilt on its own.
@@ -477,7 +645,9 @@ def repair(
                         refill.append(name)
                 for name in refill:
                     backfill.start(conn, name)
-                    result.repaired[name] = "emptied and refilled by the deferred backfill"
+                    result.repaired[name] = (
+                        "declared again, emptied and refilled by the deferred backfill"
+                    )
             for name in others:
                 if name not in result.repaired:
                     with conn.begin(), _timed(locks):

@@ -3,10 +3,11 @@
 The counterpart of the SQLite checks (PRAGMA integrity_check, FTS5 integrity-check) for a
 server, which keeps its own pages consistent: every index of the store valid and ready
 (a `CREATE INDEX CONCURRENTLY` or `REINDEX CONCURRENTLY` that was interrupted leaves an
-invalid one that the planner ignores), the search extensions and functions present with
-the definitions the fts1 revision creates, both search indexes present over exactly its
-expression, the display triggers of revision 30 in place, and, when the server has the
-`amcheck` extension installed, each B-tree index verified against its table's order.
+invalid one that the planner ignores), every index and trigger the store's revisions
+declare present (see `declared`), the search extensions and functions present with the
+definitions the fts1 revision creates, both search indexes present over exactly its
+expression, the display triggers with revision 30's functions, and, when the server has
+the `amcheck` extension installed, each B-tree index verified against its table's order.
 
 The expected objects are read from the revisions themselves (never restated here), so
 the check cannot drift from what an upgrade builds.
@@ -14,14 +15,18 @@ the check cannot drift from what an upgrade builds.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store.declared import Declared, declared_objects, newest_app_version
+from hermes_store.engine import translate_error
+from hermes_store.errors import StoreError
 from hermes_store.fts import INDEXES, CheckResult
 from hermes_store.maintenance import RepairResult
 from hermes_store.revisions import FTS_EXTERNAL_REVISION, fts_conversion, script_directory
@@ -210,11 +215,16 @@ def check_server(conn: Connection, *, quick: bool = False) -> CheckResult:
             f"the store has not run revision {FTS_EXTERNAL_REVISION}, which creates them: "
             "run `hermes-store upgrade`"
         )
+    declared = declared_at(applied)
     for name, (_definition, valid, ready, _am) in indexes.items():
         if name not in want.indexes:
             report(f"index {name}", _validity(valid, ready))
-    if DISPLAY_REVISION in applied:
-        _check_display(conn, want, report, sources)
+    for obj in declared:
+        if obj.kind == "index" and obj.name not in indexes:
+            report(obj.label, "missing: --repair creates it again (CONCURRENTLY)")
+    triggers = [obj.name for obj in declared if obj.kind == "trigger"]
+    if triggers:
+        _check_display(conn, want, report, sources, triggers)
     else:
         report.result.skipped["display triggers"] = (
             f"the store is below application schema {DISPLAY_REVISION}, which creates them"
@@ -275,16 +285,29 @@ def _check_search(
         report(f"index {name}", problem)
 
 
+def declared_at(applied: set[str]) -> tuple[Declared, ...]:
+    """The indexes and triggers the revisions ``applied`` declare (search objects apart)."""
+    version = newest_app_version(applied)
+    return declared_objects(version) if version is not None else ()
+
+
 def _check_display(
-    conn: Connection, want: Expected, report: _Report, sources: Mapping[str, tuple[str, str]]
+    conn: Connection,
+    want: Expected,
+    report: _Report,
+    sources: Mapping[str, tuple[str, str]],
+    names: list[str],
 ) -> None:
-    """The display triggers of revision 30, each with its function."""
+    """Each trigger the store's revisions declare, with its function (revision 30's)."""
     triggers = _triggers(conn)
-    for name, create in want.display_functions.items():
+    for name in names:
+        create = want.display_functions.get(name)
         body = sources.get(f"{name}()")
         trigger = triggers.get(name)
         problem: str | None = None
-        if body is None:
+        if create is None or name not in want.display_triggers:
+            problem = "declared by the revisions, but this package has no PostgreSQL definition"
+        elif body is None:
             problem = "its function is missing"
         elif _normal(body[0]) != function_body(ddl(create)):
             problem = "its function differs from the one revision 30 creates"
@@ -340,16 +363,19 @@ def _validity(valid: bool, ready: bool) -> str | None:
 
 
 def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
-    """Rebuild each invalid index (REINDEX INDEX CONCURRENTLY), re-create each missing or
-    different search function, search index and display trigger from its revision's DDL,
-    then check again. Writes are never blocked: index builds run CONCURRENTLY."""
+    """Rebuild each invalid index (REINDEX INDEX CONCURRENTLY), create again each missing
+    index the revisions declare, re-create each missing or different search function,
+    search index and display trigger from its revision's DDL, then check again. Writes are
+    never blocked: index builds run CONCURRENTLY. An index the rows refuse (a unique one
+    they violate) is named in ``not_repaired`` and the rest goes on."""
     want = expected()
     with engine.connect() as conn:
         before = check_server(conn, quick=quick)
+        declared = {obj.label: obj for obj in declared_at(applied_revisions(conn))}
     result = RepairResult(before=before, after=before)
     if before.ok:
         return result
-    with engine.connect() as conn:
+    with engine.connect() as conn, _server_errors():
         auto = conn.execution_options(isolation_level="AUTOCOMMIT")
         schema = str(auto.execute(text("SELECT current_schema()")).scalar_one())
         problems = before.problems
@@ -376,6 +402,9 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
             name = item.removeprefix("index ")
             if not item.startswith("index ") or name in want.indexes:
                 continue
+            if item in declared and problem.startswith("missing"):
+                _create_declared_index(auto, declared[item], result)
+                continue
             if LEFTOVER_COPY.search(name):
                 # The new or old copy an interrupted REINDEX CONCURRENTLY left beside the
                 # index it rebuilt: PostgreSQL's advice is to drop it (the index is whole).
@@ -386,7 +415,7 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
             result.repaired[name] = f"REINDEX INDEX CONCURRENTLY ({problem})"
         for name, create in want.display_functions.items():
             item = f"trigger {name}"
-            if item not in problems:
+            if item not in problems or name not in want.display_triggers:
                 continue
             with engine.begin() as tx:  # function and trigger together, or neither
                 tx.execute(text(ddl(create)))
@@ -408,13 +437,66 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
     return result
 
 
+_CREATE_INDEX = re.compile(r"^\s*CREATE\s+(UNIQUE\s+)?INDEX\s+(?:IF\s+NOT\s+EXISTS\s+)?", re.I)
+
+
+def concurrently(create_index: str) -> str:
+    """A revision's CREATE INDEX as a build that does not block writes, and that does
+    nothing when the index is there already."""
+    return _CREATE_INDEX.sub(
+        lambda m: f"CREATE {m.group(1) or ''}INDEX CONCURRENTLY IF NOT EXISTS ", create_index
+    )
+
+
+def _create_declared_index(auto: Connection, obj: Declared, result: RepairResult) -> None:
+    """Build a missing index from its revision's DDL, CONCURRENTLY; one the rows refuse is
+    dropped again (a failed concurrent build leaves an invalid index) and named."""
+    try:
+        auto.execute(text(concurrently(obj.sql)))
+    except DBAPIError as exc:
+        translated = translate_error(exc)
+        if translated is not None:
+            raise translated from None
+        auto.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{obj.name}"'))
+        result.not_repaired[obj.label] = (
+            f"not created again: the rows of {obj.table} refuse it ({first_line(exc)}); "
+            "correct them and run `hermes-store check --repair` again"
+        )
+        return
+    result.repaired[obj.name] = "created again (CONCURRENTLY) from its revision's definition"
+
+
+def first_line(exc: DBAPIError) -> str:
+    """The server's one-line message: its DETAIL (which quotes row values) left out."""
+    lines = str(getattr(exc, "orig", exc)).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _server_errors() -> Iterator[None]:
+    """A repair step the server refuses: one line, without the values it may quote."""
+    try:
+        yield
+    except DBAPIError as exc:
+        translated = translate_error(exc)
+        if translated is not None:
+            raise translated from None
+        raise StoreError(
+            f"the repair stopped on PostgreSQL: {first_line(exc)}; what it did before that "
+            "is kept: run `hermes-store check` to see what is left"
+        ) from None
+
+
 __all__ = [
     "AMCHECK",
     "Expected",
     "applied_revisions",
     "check_server",
+    "concurrently",
     "ddl",
+    "declared_at",
     "expected",
+    "first_line",
     "function_body",
     "index_expression",
     "repair_server",
