@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 
 from alembic import command as alembic_command
-from hermes_store import corpus
 from hermes_store.cli import main
+from hermes_store.demo import corpus
 from hermes_store.engine import ENV_URL, to_url
 from hermes_store.errors import StoreError
 

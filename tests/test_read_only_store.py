@@ -28,8 +28,9 @@ import pytest
 from click.testing import CliRunner, Result
 from reliability_support import fingerprint, immutable, remount_read_only, tmpfs
 
-from hermes_store import corpus, migrate
+from hermes_store import migrate
 from hermes_store.cli import main
+from hermes_store.demo import corpus
 
 #: The reporting commands, each with what it needs to run.
 READING = (

@@ -26,8 +26,8 @@ import pytest
 from click.testing import CliRunner
 from legacy.build import build_legacy_store
 
-from hermes_store import corpus
 from hermes_store.cli import main
+from hermes_store.demo import corpus
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 PROMPT = "$ hermes-store "
