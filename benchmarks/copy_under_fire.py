@@ -1,5 +1,7 @@
-"""Copy under fire (issue 13): a generated store copied SQLite -> PostgreSQL, killed with
-kill -9 at chosen points, resumed, verified; then an uninterrupted copy for the rate.
+"""Copy under fire: a generated store copied SQLite -> PostgreSQL, killed with kill -9 at
+chosen points, resumed, verified; then an uninterrupted copy for the rate; then the final
+pass of a live move: the source changes a little (messages added, edited, deleted, a
+session added) and the same copy runs again, timed step by step.
 
     python -m benchmarks.copy_under_fire --messages 50000 \\
         --server postgresql+psycopg://postgres@127.0.0.1:5432/postgres
@@ -24,7 +26,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from hermes_store import migrate
-from hermes_store.copy import copy_store, verify_copy
+from hermes_store.copy import CopyProgress, copy_store, verify_copy
 from hermes_store.demo import corpus
 
 _CHILD = "import sys; from hermes_store.copy import copy_store; " + (
@@ -61,11 +63,59 @@ def copied_messages(url: str) -> int:
         engine.dispose()
 
 
+def change_a_little(path: Path, messages: int) -> int:
+    """What an agent writes in a few minutes: a session with ``messages`` new messages, as
+    many edited, a tenth as many deleted. Returns the rows changed."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('0-final', 'cli', 1)")
+        conn.executemany(
+            "INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)",
+            [("0-final", "user", f"a new message {i}", 2.0 + i) for i in range(messages)],
+        )
+        top = conn.execute("SELECT max(id) FROM messages").fetchone()[0]
+        step = top // (messages + 1)
+        conn.executemany(
+            "UPDATE messages SET content = coalesce(content, '') || ' (edited)' WHERE id = ?",
+            [(step * (i + 1),) for i in range(messages)],
+        )
+        conn.executemany(
+            "DELETE FROM messages WHERE id = ?",
+            [(step * (i + 1) + 1,) for i in range(max(messages // 10, 1))],
+        )
+        conn.commit()
+    return 1 + 2 * messages + max(messages // 10, 1)
+
+
+class Steps:
+    """Seconds spent in each step of a copy, from its progress reports."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.step: str | None = None
+        self.since = time.perf_counter()
+
+    def __call__(self, state: CopyProgress) -> None:
+        if state.step != self.step:
+            self.stop()
+            self.step = state.step
+
+    def stop(self) -> None:
+        now = time.perf_counter()
+        if self.step is not None:
+            self.seconds[self.step] = self.seconds.get(self.step, 0.0) + now - self.since
+        self.since = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self.seconds.items())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--server", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--kill-at", type=float, nargs="*", default=[0.16, 0.4, 0.72])
+    parser.add_argument("--changed", type=int, default=100, help="messages the final pass gets")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         source = Path(directory) / "source.db"
@@ -100,13 +150,25 @@ def main() -> None:
         print(f"source byte-identical: {same}")
 
         target = fresh_database(args.server, "copy_rate")
-        result = copy_store(str(source), target, verify=False)
+        steps = Steps()
+        result = copy_store(str(source), target, progress=steps)
+        steps.stop()
         rows = sum(result.rows.values())
         print(
             f"uninterrupted: {rows} rows in {result.seconds:.1f} s, "
-            f"{rows / result.seconds:.0f} rows/s"
+            f"{rows / result.seconds:.0f} rows/s ({steps})"
         )
-        if not (verification.ok and same):
+        changed = change_a_little(source, args.changed)
+        steps = Steps()
+        final = copy_store(str(source), target, progress=steps)
+        steps.stop()
+        written = sum(final.rows.values()) + sum(c["deleted"] for c in final.changes.values())
+        print(
+            f"final pass after {changed} rows changed: {written} rows written in "
+            f"{final.seconds:.1f} s ({steps}), {result.seconds / final.seconds:.1f}x faster "
+            f"than the whole copy; verified={final.verification.ok}"
+        )
+        if not (verification.ok and same and final.verification.ok):
             sys.exit(1)
 
 

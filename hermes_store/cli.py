@@ -1681,30 +1681,70 @@ def _every_hit(conn: Connection, query: str) -> list[Any]:
 # --------------------------------------------------------------------------------------
 
 
+#: What each step of the copy counts, for its progress bar.
+_COPY_UNITS = {"searching": "searches"}
+
+
 @contextlib.contextmanager
 def _copy_bar(show: bool) -> Iterator[Callable[[Any], None]]:
-    """The copy's progress as a bar of rows, named by the table being copied."""
-    with _rows_bar(show, "copying") as draw:
-        yield lambda progress: draw(progress.rows, progress.total, f"copying {progress.table}")
+    """The copy's progress on stderr (a terminal only): comparing both sides, copying,
+    deleting, then the verification's checksums and sample searches, each with its bar."""
+    if not show:
+        yield lambda _progress: None
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[unit]}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console(stderr=True), transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def draw(progress: Any) -> None:
+            step = progress.step
+            description = step if step == "searching" else f"{step} {progress.table}"
+            total = progress.total or None
+            if step not in tasks:
+                for other in tasks.values():  # one bar at a time: the earlier steps are done
+                    bar.update(other, visible=False)
+                unit = _COPY_UNITS.get(step, "rows")
+                tasks[step] = bar.add_task(description, total=total, unit=unit)
+                bar.refresh()  # each step shows, however short
+            bar.update(tasks[step], description=description, completed=progress.rows, total=total)
+
+        yield draw
 
 
 @main.command("copy")
 @click.option("--from", "source", metavar="PATH_OR_URL", required=True, help="Store to copy.")
 @click.option(
-    "--to", "target", metavar="PATH_OR_URL", required=True, help="Empty database to fill."
+    "--to", "target", metavar="PATH_OR_URL", required=True, help="Database to fill, or to update."
 )
 @click.option(
     "--append", is_flag=True, help="Add to a target that holds data; colliding keys refused."
 )
+@click.option(
+    "--restart",
+    is_flag=True,
+    help="Make a target holding a copy of another store (or of another file at the same "
+    "path) a copy of --from: the rows --from does not hold are deleted.",
+)
 @click.option("--batch-rows", default=2000, show_default=True, type=click.IntRange(1, 100_000))
 @json_option
-def copy_command(source: str, target: str, append: bool, batch_rows: int, as_json: bool) -> None:
+def copy_command(
+    source: str, target: str, append: bool, restart: bool, batch_rows: int, as_json: bool
+) -> None:
     """Copy a whole store to another database (SQLite <-> PostgreSQL), then verify it.
 
-    Ids are kept; the source is only read. Interrupted (Ctrl-C, kill), the same command
-    resumes after the last committed batch. The target is brought to the source's
-    revision first. The verification compares row counts and a checksum of every table
-    and the hits of sample searches; any difference exits 1.
+    Ids are kept; the source is only read. Run again, the same command writes only what
+    differs: after Ctrl-C or a kill it finishes the copy, after the source changed it
+    brings the target up to date (rows added, edited and deleted). To move a live agent's
+    store, copy while it runs, then stop it and run the same command once more. The
+    target is brought to the source's revision first. The verification compares row
+    counts and a checksum of every table and the hits of sample searches chosen from the
+    source's text; any difference, or anything it could not compare, exits 1.
 
     \b
     Examples:
@@ -1715,7 +1755,14 @@ def copy_command(source: str, target: str, append: bool, batch_rows: int, as_jso
 
     try:
         with operator_errors(), _copy_bar(_interactive() and not as_json) as draw:
-            result = copy_store(source, target, append=append, batch_rows=batch_rows, progress=draw)
+            result = copy_store(
+                source,
+                target,
+                append=append,
+                restart=restart,
+                batch_rows=batch_rows,
+                progress=draw,
+            )
     except KeyboardInterrupt:
         raise click.ClickException(
             "interrupted; every committed batch is kept: run the same command again to resume"
@@ -1729,18 +1776,24 @@ def copy_command(source: str, target: str, append: bool, batch_rows: int, as_jso
         sys.exit(1)
 
 
+def _copy_summary(result: Any) -> str:
+    """What this run wrote, in a few words."""
+    if result.already_complete:
+        return "already complete and nothing changed since, verified again"
+    changes = result.changes.values()
+    inserted = sum(change["inserted"] for change in changes)
+    updated = sum(change["updated"] for change in changes)
+    deleted = sum(change["deleted"] for change in changes)
+    done = f"{inserted} rows copied"
+    if updated or deleted:
+        done += f", {updated} updated, {deleted} deleted"
+    return f"resumed, {done}" if result.resumed else done
+
+
 def _print_copy(result: Any) -> None:
     """The copy's result and its verification, as tables for a person."""
     verification = result.verification
-    copied = sum(result.rows.values())
-    how = (
-        "already complete, verified again"
-        if result.already_complete
-        else f"resumed, {copied} rows copied"
-        if result.resumed
-        else f"{copied} rows copied"
-    )
-    say(f"{result.source} -> {result.target}: {how} in {result.seconds:.1f} s")
+    say(f"{result.source} -> {result.target}: {_copy_summary(result)} in {result.seconds:.1f} s")
     records = [
         {
             "table": check.table,
@@ -1760,11 +1813,25 @@ def _print_copy(result: Any) -> None:
     say(f"revision: source {', '.join(source_rev)}, target {', '.join(target_rev)}")
     for key, (mine, theirs) in verification.markers.items():
         say(f"{key}: source {mine!r}, target {theirs!r} (each database's own, not copied)")
+    # The sample searches' words come from messages: they are named by number and by how
+    # they were chosen, never shown.
     for search in verification.searches:
         state = "equal" if search.equal else "DIFFERENT"
-        say(f"search {search.query}: {search.source_hits} / {search.target_hits} hits, {state}")
+        say(
+            f"sample search {search.number} ({search.how}): "
+            f"{search.source_hits} / {search.target_hits} hits, {state}"
+        )
+    if verification.no_searches:
+        say(f"no sample search: {verification.no_searches}")
     for item in verification.not_checked:
         say(f"not checked: {item}")
+    if result.source_changed:
+        say(
+            "the source changed while this ran: the target is a copy of it as it was when "
+            "the run began. Stop the agent and run the same command again (it writes only "
+            "what changed)",
+            style="yellow",
+        )
     say(
         "verification passed" if verification.ok else "verification FAILED",
         style="green" if verification.ok else "bold red",

@@ -1,21 +1,34 @@
 """Copy a whole store to another database (SQLite <-> PostgreSQL), resumably, and verify it.
 
-`copy_store(source, target)` streams every table of the models, in foreign-key order, in
-batches read by primary key (keyset pagination: ``WHERE key > :last ORDER BY key LIMIT n``),
-keeping every id. The source is only ever read: a SQLite source is opened through a
-``file:...?mode=ro`` URI, a PostgreSQL one in read-only transactions.
+`copy_store(source, target)` brings the target to what the source holds, table by table
+in foreign-key order, keeping every id. The source is only ever read: a SQLite source is
+opened through a ``file:...?mode=ro`` URI, a PostgreSQL one in a read-only transaction;
+a whole run reads one snapshot of it.
 
-Resuming. Each batch is committed on the target together with its progress marker, the
-``state_meta`` row ``hermes_store.copy.<table>`` holding the last copied key (and
-``hermes_store.copy.source`` names the source). A run killed at any point (kill -9,
-Ctrl-C, a lost server) leaves the target at the end of a committed batch with its marker,
-and the next run continues after that key: no row twice, none left out. A marker written
-by a copy from another source is refused.
+Each run compares before it writes (``hermes_store.copy_rows``): both sides are read in key
+order and compared row by row by checksum, so the run knows which source rows the target
+lacks, which it holds with other values and which target rows the source no longer
+has, and every source value is checked (type, UTF-8, NOT NULL, foreign keys) before the
+first write. Then it writes only those, in batches, each committed together with the
+progress marker (``state_meta`` ``hermes_store.copy.source``). A first copy writes every
+row; a run after a kill -9, Ctrl-C or a lost server, or after the source changed (an
+agent writing to it meanwhile), writes what differs: rows added, edited or deleted since
+included, whatever their keys. So the same command always converges, and the final pass
+of a live move (the agent stopped) writes only what changed since the last run.
 
-Parents first. On both databases `sessions.parent_session_id` is a foreign key that is
-checked at each statement (not DEFERRABLE, and `session_replication_role` would need a
-superuser), so sessions are copied in the order (depth in the parent tree, id): a parent
-is always in an earlier batch than its children, whatever the id order.
+Writing order. Inserts and updates go parents first, table by table in foreign-key order
+(sessions by depth in the ``parent_session_id`` tree: that foreign key is checked at each
+statement, not DEFERRABLE); deletes go children first, in the reverse order, after the
+unique titles and parent links of the rows they replace are cleared. The target's display
+triggers rewrite the display order of a changed message's peers, so the sessions touched
+are compared and written again until they are equal.
+
+The source, named. The marker records the source's name and what identifies it beyond its
+name: the file (device and inode) of a SQLite store, the cluster's system identifier and
+the database's oid on PostgreSQL, and a sample of rows it held (keys and the values a row
+keeps for life). A target holding a copy of another store, or of another file now at the
+same path, is refused in one line that names the command making it a copy of this source
+(``--restart``).
 
 What the target keeps of its own. `alembic_version` and `schema_version` are written by
 the target's own upgrade to the source's revision, not copied. The `state_meta` keys that
@@ -23,17 +36,20 @@ describe a database's own search index (`hermes_store.fts_layout`: 'external' on
 'expression' on PostgreSQL; the deferred-backfill markers; `fts_optimize_available`) keep
 the value the target's upgrade wrote; every other key is copied.
 
-Verification (`verify_copy`) reads both sides again: row counts and a checksum per table
-(``hermes_store.tablesum``: computed in Python over the values the drivers return, so no
-database hash function is trusted), and the hit sets of sample searches on both sides.
+Verification (``hermes_store.copy_verify``) reads the target again and compares it with the
+snapshot the copy read: checksums of every table and sample searches chosen from the
+source's text.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import logging
 import os
+import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,10 +58,9 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    Column,
-    ColumnElement,
     Connection,
     Engine,
+    Row,
     Table,
     and_,
     bindparam,
@@ -56,12 +71,35 @@ from sqlalchemy import (
     or_,
     select,
     text,
-    tuple_,
 )
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from hermes_store import fts, migrate, server
+from hermes_store import migrate, server
+from hermes_store.copy_rows import (
+    MARKER_PREFIX,
+    PEER_TRIGGERS,
+    CopyProgress,
+    CopyRefused,
+    RowChecks,
+    TableDiff,
+    compare_table,
+    copied_tables,
+    count_rows,
+    key_columns,
+    key_condition,
+    parents_first,
+    read_only,
+    read_snapshot,
+    revisions,
+    rows_by_keys,
+    run_batches,
+    self_references,
+    shown_key,
+    unique_columns,
+)
+from hermes_store.copy_verify import Verification, verify_copy
+from hermes_store.copy_verify import verify as verify_target
 from hermes_store.engine import (
     backend_name,
     connect_read_only,
@@ -71,144 +109,36 @@ from hermes_store.engine import (
     is_server,
     to_url,
 )
-from hermes_store.errors import SchemaTooNew, StoreError, StoreNotFound
-from hermes_store.models import Base
+from hermes_store.errors import SchemaTooNew, StoreNotFound
 from hermes_store.revisions import head_revision, script_directory
-from hermes_store.tablesum import row_digest, table_sum
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "BATCH_ROWS",
-    "SAMPLE_QUERIES",
     "CopyProgress",
     "CopyRefused",
     "CopyResult",
-    "TableCheck",
     "Verification",
+    "copied_tables",
     "copy_store",
+    "open_source",
     "verify_copy",
 ]
 
 #: Rows per committed batch.
 BATCH_ROWS = 2000
-#: state_meta keys of the copy's own bookkeeping.
-MARKER_PREFIX = "hermes_store.copy."
 SOURCE_MARKER = MARKER_PREFIX + "source"
-#: state_meta keys that describe one database's own search index: each side keeps the
-#: value its own upgrade (or backfill) wrote; they are shown side by side, never copied.
-OWN_KEYS = frozenset({fts.LAYOUT_MARKER, "fts_optimize_available", fts.APPLICATION_MARKER})
-OWN_PREFIXES = ("hermes_store.", "messages_fts")
-#: Tables the target's own upgrade fills (no primary key to page by): compared, not copied.
-REVISION_TABLES = frozenset({"schema_version"})
-#: Searches run on both sides by the verification (from tests/parity_queries.py): the
-#: word index (phrase, NEAR, NOT, a joined term), the trigram index, the LIKE route of a
-#: short CJK term, filters and inactive rows. Chosen for hit sets of tens to a few
-#: thousand at 50k messages: each search also builds every hit's snippet and context, and
-#: a query with 10k hits took 10 to 50 s on PostgreSQL there.
-SAMPLE_QUERIES: tuple[dict[str, Any], ...] = (
-    {"query": '"import os"'},
-    {"query": '"no such file or directory"'},
-    {"query": "NEAR(def return)"},
-    {"query": "import NOT os"},
-    {"query": "self.assertEqual"},
-    {"query": "数据库"},
-    {"query": "数据库", "source_filter": ["telegram"]},
-    {"query": "数据库", "include_inactive": True},
-    {"query": "的", "exclude_sources": ["cli"], "role_filter": ["user"]},
-)
-#: Hits per sample search: large enough to be the whole hit set of these queries.
-SEARCH_LIMIT = 100_000
-
-
-class CopyRefused(StoreError):
-    """The copy was refused; the target was left as it was (or as its last committed batch)."""
-
-
-@dataclass(frozen=True)
-class CopyProgress:
-    """Where a copy is, reported after each committed batch."""
-
-    table: str
-    table_rows: int
-    table_total: int
-    rows: int
-    total: int
-    batches: int
-
-
-@dataclass
-class TableCheck:
-    """One table on both sides: rows and checksum."""
-
-    table: str
-    source_rows: int
-    target_rows: int
-    source_sum: str
-    target_sum: str
-
-    @property
-    def equal(self) -> bool:
-        return self.source_rows == self.target_rows and self.source_sum == self.target_sum
-
-
-@dataclass
-class SearchCheck:
-    """One sample search on both sides."""
-
-    query: dict[str, Any]
-    source_hits: int
-    target_hits: int
-    equal: bool
-
-
-@dataclass
-class Verification:
-    """Everything compared after a copy; ``ok`` is False on any difference."""
-
-    tables: list[TableCheck] = field(default_factory=list)
-    revisions: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
-    markers: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
-    searches: list[SearchCheck] = field(default_factory=list)
-    not_checked: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return (
-            all(check.equal for check in self.tables)
-            and self.revisions[0] == self.revisions[1]
-            and all(check.equal for check in self.searches)
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "tables": [
-                {
-                    "table": c.table,
-                    "source_rows": c.source_rows,
-                    "target_rows": c.target_rows,
-                    "source_checksum": c.source_sum,
-                    "target_checksum": c.target_sum,
-                    "equal": c.equal,
-                }
-                for c in self.tables
-            ],
-            "revision": {"source": list(self.revisions[0]), "target": list(self.revisions[1])},
-            "markers": {k: {"source": s, "target": t} for k, (s, t) in self.markers.items()},
-            "searches": [
-                {
-                    "query": s.query,
-                    "source_hits": s.source_hits,
-                    "target_hits": s.target_hits,
-                    "equal": s.equal,
-                }
-                for s in self.searches
-            ],
-            "not_checked": self.not_checked,
-            "seconds": round(self.seconds, 3),
-        }
+#: Rows the marker records to recognise its source, and the columns of each it keeps:
+#: what a row keeps for life (a message's session, role and time; a session's platform
+#: and start), so an edit or a compaction leaves it recognisable, another store not.
+SAMPLE_ROWS = 16
+LIFELONG = {
+    "messages": ("id", "session_id", "role", "timestamp"),
+    "sessions": ("id", "source", "started_at"),
+}
+#: Keys per IN (...) when rows are fixed up, cleared or deleted by key.
+KEYS_PER_STATEMENT = 500
 
 
 @dataclass
@@ -224,6 +154,11 @@ class CopyResult:
     already_complete: bool
     seconds: float
     verification: Verification
+    #: Per table: rows inserted, updated and deleted by this run.
+    changes: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Whether the source changed while this run read it (the target is then a copy of it
+    #: as it was when the run began): known for SQLite sources, None on PostgreSQL.
+    source_changed: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -231,9 +166,11 @@ class CopyResult:
             "target": self.target,
             "revision": list(self.revision),
             "rows_copied": self.rows,
+            "changes": self.changes,
             "resumed": self.resumed,
             "created_target": self.created_target,
             "already_complete": self.already_complete,
+            "source_changed_during_copy": self.source_changed,
             "seconds": round(self.seconds, 3),
             "verification": self.verification.as_dict(),
         }
@@ -245,14 +182,26 @@ class CopyResult:
 
 
 def _read_only_sqlite(path: Path) -> Engine:
-    """An engine that can only read ``path`` (``mode=ro``): SQLite refuses every write."""
+    """An engine that can only read ``path`` (``mode=ro``): SQLite refuses every write.
+
+    Text is decoded with ``errors="surrogateescape"``: a value that is not UTF-8 (a writer
+    that stored bytes as TEXT) reads as text holding lone surrogates, which the copy's
+    checks name by table, column and key, where the driver's own error would quote it.
+    """
 
     def connect() -> sqlite3.Connection:
         conn = connect_read_only(path, timeout=30, check_same_thread=False)
         conn.isolation_level = None  # SQLAlchemy's BEGIN below starts the read transaction
+        conn.text_factory = functools.partial(str, encoding="utf-8", errors="surrogateescape")
         return conn
 
-    engine = create_engine("sqlite://", creator=connect, poolclass=NullPool, hide_parameters=True)
+    engine = create_engine(
+        "sqlite://",
+        creator=connect,
+        poolclass=NullPool,
+        hide_parameters=True,
+        logging_name="hermes_store",  # the logger whose fetched rows are never logged
+    )
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
@@ -265,24 +214,12 @@ def open_source(source: str) -> Engine:
     """A read-only engine on the source store (a path or URL); refuses one that is missing."""
     url = to_url(source)
     if is_server(url):
-        return create_store_engine(url, create=False)  # read-only: see _snapshot
+        return create_store_engine(url, create=False)  # read-only: see read_snapshot
     path = db_path(url)
     if path is None or not path.exists() or path.stat().st_size == 0:
         raise StoreNotFound(f"--from {path or url}: no such store; nothing was changed")
     migrate.inspect_file(path)  # read-only: refuses what is not a SQLite Hermes store
     return _read_only_sqlite(path)
-
-
-@contextlib.contextmanager
-def _snapshot(engine: Engine) -> Iterator[Connection]:
-    """One read transaction on the source: every batch of a run reads the same snapshot."""
-    with engine.connect() as conn:
-        if conn.dialect.name == "postgresql":
-            conn = conn.execution_options(
-                isolation_level="REPEATABLE READ", postgresql_readonly=True
-            )
-        with conn.begin():
-            yield conn
 
 
 def same_store(source: str, target: str) -> bool:
@@ -307,136 +244,90 @@ def same_store(source: str, target: str) -> bool:
 
 
 # --------------------------------------------------------------------------------------
-# Tables, keys and values
+# The source, named and recognised
 # --------------------------------------------------------------------------------------
 
 
-def copied_tables() -> list[Table]:
-    """The models' tables in foreign-key order, without those the revisions fill."""
-    return [t for t in Base.metadata.sorted_tables if t.name not in REVISION_TABLES]
+def _source_name(url: str) -> str:
+    """How the copy marker names its source: a file by its name with every link resolved
+    (the URL keeps a linked directory as given), so a resumed copy may name it either way."""
+    path = db_path(url)
+    return display_url(url if path is None else to_url(os.path.realpath(path)))
 
 
-def _key(table: Table) -> list[Column[Any]]:
-    return list(table.primary_key.columns)
+def _fingerprint(conn: Connection, url: str) -> dict[str, Any]:
+    """What tells this source from another at the same name: the file (device, inode) of
+    a SQLite store; the cluster's system identifier and the database's oid on PostgreSQL."""
+    path = db_path(url)
+    if path is not None:
+        status = os.stat(os.path.realpath(path))
+        return {"file": [status.st_dev, status.st_ino]}
+    oid = conn.execute(
+        text("SELECT oid FROM pg_database WHERE datname = current_database()")
+    ).scalar_one()
+    system: str | None = None
+    try:
+        with conn.begin_nested():
+            found = conn.execute(text("SELECT system_identifier FROM pg_control_system()"))
+            system = str(found.scalar_one())
+    except DBAPIError:  # not granted to this role: the oid alone then
+        system = None
+    return {"system": system, "database_oid": int(oid)}
 
 
-def is_own_key(key: str) -> bool:
-    """A state_meta key that belongs to one database's own index or to this copy."""
-    return key in OWN_KEYS or key.startswith(OWN_PREFIXES)
+def _lifelong_digest(values: Sequence[Any]) -> str:
+    """A short digest of a row's lifelong values (numbers as floats: REAL may be int)."""
+    normal = [
+        float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in values
+    ]
+    return hashlib.sha256(json.dumps(normal, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def _own_filter(table: Table) -> Any:
-    """WHERE clause that leaves out the state_meta keys each side keeps of its own."""
-    if table.name != "state_meta":
+def _identity_sample(conn: Connection) -> list[list[Any]]:
+    """Up to :data:`SAMPLE_ROWS` rows spread over the messages (or the first sessions),
+    each as [table, key, digest of its lifelong values]."""
+    messages = copied_table("messages")
+    low, high = conn.execute(select(func.min(messages.c.id), func.max(messages.c.id))).one()
+    columns = [messages.c[name] for name in LIFELONG["messages"]]
+    rows: list[Row[Any]] = []
+    if low is not None:
+        steps = SAMPLE_ROWS - 1
+        starts = sorted({low + (high - low) * step // steps for step in range(SAMPLE_ROWS)})
+        query = select(*columns).order_by(messages.c.id).limit(1)
+        for start in starts:
+            row = conn.execute(query.where(messages.c.id >= start)).first()
+            if row is not None and all(row[0] != kept[0] for kept in rows):
+                rows.append(row)
+        return [["messages", row[0], _lifelong_digest(row)] for row in rows]
+    sessions = copied_table("sessions")
+    columns = [sessions.c[name] for name in LIFELONG["sessions"]]
+    found = conn.execute(select(*columns).order_by(sessions.c.id).limit(SAMPLE_ROWS))
+    return [["sessions", row[0], _lifelong_digest(row)] for row in found]
+
+
+def _recognised(conn: Connection, sample: list[list[Any]]) -> bool:
+    """Whether the source still holds a row of a recorded sample, recognisably."""
+    for name in LIFELONG:
+        wanted = {key: digest for table, key, digest in sample if table == name}
+        if not wanted:
+            continue
+        table = copied_table(name)
+        columns = [table.c[column] for column in LIFELONG[name]]
+        query = select(*columns).where(columns[0].in_(list(wanted)))
+        if any(_lifelong_digest(row) == wanted[row[0]] for row in conn.execute(query)):
+            return True
+    return False
+
+
+def copied_table(name: str) -> Table:
+    return next(table for table in copied_tables() if table.name == name)
+
+
+def _data_version(conn: Connection) -> int | None:
+    """SQLite's count of commits by other connections (None on PostgreSQL)."""
+    if conn.dialect.name != "sqlite":
         return None
-    key = table.c.key
-    conditions: list[ColumnElement[bool]] = [key.notin_(sorted(OWN_KEYS))]
-    conditions += [~key.startswith(prefix, autoescape=True) for prefix in OWN_PREFIXES]
-    return and_(*conditions)
-
-
-# --------------------------------------------------------------------------------------
-# The order rows are copied in
-# --------------------------------------------------------------------------------------
-
-
-def _session_order(source: Connection, table: Table) -> list[tuple[int, str]]:
-    """Every session as (depth in the parent tree, id), sorted: parents before children."""
-    rows = source.execute(select(table.c.id, table.c.parent_session_id)).all()
-    parents = {str(row[0]): row[1] for row in rows if row[0] is not None}
-    depth: dict[str, int] = {}
-    for start in parents:
-        chain: list[str] = []
-        node: str | None = start
-        while node is not None and node not in depth:
-            if node in chain:
-                raise CopyRefused(
-                    f"sessions: the parent_session_id chain of session {start!r} is a cycle; "
-                    "nothing was changed. Fix the source (`hermes-store check`)"
-                )
-            if node not in parents:
-                raise CopyRefused(
-                    f"sessions: session {chain[-1]!r} names parent {node!r}, which is not in "
-                    "the source; the target's foreign key would refuse it. Nothing was changed"
-                )
-            chain.append(node)
-            node = parents[node]
-        base = -1 if node is None else depth[node]
-        for offset, item in enumerate(reversed(chain), start=1):
-            depth[item] = base + offset
-    return sorted((level, ident) for ident, level in depth.items())
-
-
-class _Reader:
-    """Reads one table of the source in key order, a batch at a time, after a given key."""
-
-    def __init__(self, source: Connection, table: Table) -> None:
-        self.source = source
-        self.table = table
-        self.key = _key(table)
-        self.where = _own_filter(table)
-        self.order: list[tuple[int, str]] | None = None
-        if table.name == "sessions":
-            self.order = _session_order(source, table)
-
-    def total(self) -> int:
-        query = select(func.count()).select_from(self.table)
-        if self.where is not None:
-            query = query.where(self.where)
-        return int(self.source.execute(query).scalar_one())
-
-    def remaining(self, after: list[Any] | None) -> int:
-        if self.order is not None:
-            return len(self.order) - self._position(after)
-        query = select(func.count()).select_from(self.table)
-        condition = self._after(after)
-        for clause in (self.where, condition):
-            if clause is not None:
-                query = query.where(clause)
-        return int(self.source.execute(query).scalar_one())
-
-    def _position(self, after: list[Any] | None) -> int:
-        import bisect
-
-        assert self.order is not None
-        if after is None:
-            return 0
-        return bisect.bisect_right(self.order, (int(after[0]), str(after[1])))
-
-    def _after(self, after: list[Any] | None) -> Any:
-        if after is None:
-            return None
-        if len(self.key) == 1:
-            return self.key[0] > after[0]
-        return tuple_(*self.key) > tuple_(*after)
-
-    def batches(self, after: list[Any] | None, size: int) -> Iterator[tuple[list[Any], list[Any]]]:
-        """(rows, key of the last row) for each batch after ``after``, in key order."""
-        if self.order is not None:
-            start = self._position(after)
-            for begin in range(start, len(self.order), size):
-                chunk = self.order[begin : begin + size]
-                ids = [ident for _, ident in chunk]
-                found = {
-                    row[0]: row
-                    for row in self.source.execute(
-                        select(*self.table.columns).where(self.table.c.id.in_(ids))
-                    )
-                }
-                rows = [found[ident] for ident in ids if ident in found]
-                yield rows, list(chunk[-1])
-            return
-        while True:
-            query = select(*self.table.columns).order_by(*self.key).limit(size)
-            for clause in (self.where, self._after(after)):
-                if clause is not None:
-                    query = query.where(clause)
-            rows = list(self.source.execute(query))
-            if not rows:
-                return
-            last = rows[-1]
-            after = [last._mapping[column.name] for column in self.key]
-            yield rows, after
+    return int(conn.exec_driver_sql("PRAGMA data_version").scalar_one())
 
 
 # --------------------------------------------------------------------------------------
@@ -453,26 +344,9 @@ class _Plan:
     holds_data: bool
 
 
-def _revisions(conn: Connection) -> tuple[str, ...]:
-    names = set(inspect(conn).get_table_names())
-    if server.ALEMBIC_TABLE not in names:
-        return ()
-    rows = conn.execute(text(f"SELECT version_num FROM {server.ALEMBIC_TABLE}"))
-    return tuple(sorted(str(row[0]) for row in rows))
-
-
 def _holds_data(conn: Connection) -> bool:
     names = set(inspect(conn).get_table_names())
-    for table in copied_tables():
-        if table.name not in names:
-            continue
-        query = select(func.count()).select_from(table)
-        where = _own_filter(table)
-        if where is not None:
-            query = query.where(where)
-        if conn.execute(query.limit(1)).scalar_one():
-            return True
-    return False
+    return any(count_rows(conn, table) for table in copied_tables() if table.name in names)
 
 
 def _markers(conn: Connection) -> dict[str, str]:
@@ -508,9 +382,9 @@ def _inspect_target(url: str, revision: tuple[str, ...]) -> _Plan:
     engine = create_store_engine(url, create=False, wal=False)
     try:
         with engine.connect() as conn:
-            if is_server(url) and server.foreign_tables(conn) and not _revisions(conn):
+            if is_server(url) and server.foreign_tables(conn) and not revisions(conn):
                 server.refuse_foreign_database(conn)
-            found = _revisions(conn)
+            found = revisions(conn)
             markers = _markers(conn)
             holds = _holds_data(conn)
     finally:
@@ -535,13 +409,6 @@ def _inspect_target(url: str, revision: tuple[str, ...]) -> _Plan:
     return _Plan(create=False, markers=markers, holds_data=holds)
 
 
-def _source_identity(url: str) -> str:
-    """How the copy marker names its source: a file by its name with every link resolved
-    (the URL keeps a linked directory as given), so a resumed copy may name it either way."""
-    path = db_path(url)
-    return display_url(url if path is None else to_url(os.path.realpath(path)))
-
-
 def _read_marker(markers: dict[str, str], key: str) -> dict[str, Any] | None:
     raw = markers.get(key)
     return None if raw is None else dict(json.loads(raw))
@@ -551,21 +418,26 @@ def _put(conn: Connection, key: str, value: dict[str, Any], previous: str | None
     """Write a marker, only if it still holds ``previous`` (a second copy run fails)."""
     encoded = json.dumps(value, sort_keys=True, ensure_ascii=False)
     if previous is None:
-        conn.execute(
-            text("INSERT INTO state_meta (key, value) VALUES (:key, :value)"),
-            {"key": key, "value": encoded},
+        taken = conn.execute(
+            text("SELECT count(*) FROM state_meta WHERE key = :key"), {"key": key}
+        ).scalar_one()
+        if not taken:
+            conn.execute(
+                text("INSERT INTO state_meta (key, value) VALUES (:key, :value)"),
+                {"key": key, "value": encoded},
+            )
+            return encoded
+    else:
+        done = conn.execute(
+            text("UPDATE state_meta SET value = :value WHERE key = :key AND value = :previous"),
+            {"key": key, "value": encoded, "previous": previous},
         )
-        return encoded
-    done = conn.execute(
-        text("UPDATE state_meta SET value = :value WHERE key = :key AND value = :previous"),
-        {"key": key, "value": encoded, "previous": previous},
+        if done.rowcount == 1:
+            return encoded
+    raise CopyRefused(
+        f"the progress marker {key} changed under this copy: another `hermes-store copy` "
+        "writes to the same target. This run stopped; its last batch was rolled back"
     )
-    if done.rowcount != 1:
-        raise CopyRefused(
-            f"the progress marker {key} changed under this copy: another `hermes-store copy` "
-            "writes to the same target. This run stopped; its last batch was rolled back"
-        )
-    return encoded
 
 
 # --------------------------------------------------------------------------------------
@@ -575,7 +447,7 @@ def _put(conn: Connection, key: str, value: dict[str, Any], previous: str | None
 
 def _check_source(conn: Connection, url: str, head: str) -> tuple[str, ...]:
     """The source's revision; refuses a store not at head, or one whose rows cannot be paged."""
-    revision = _revisions(conn)
+    revision = revisions(conn)
     if revision != (head,):
         raise CopyRefused(
             f"--from {display_url(url)} is at revision {', '.join(revision) or '(none)'}, not "
@@ -593,50 +465,13 @@ def _check_source(conn: Connection, url: str, head: str) -> tuple[str, ...]:
                 f"--from: {table.name} has columns hermes-store does not know "
                 f"({', '.join(sorted(extra))}); they would be lost. Nothing was changed"
             )
-        null_key = or_(*(column.is_(None) for column in _key(table)))
+        null_key = or_(*(column.is_(None) for column in key_columns(table)))
         if conn.execute(select(func.count()).select_from(table).where(null_key)).scalar_one():
             raise CopyRefused(
                 f"--from: {table.name} has rows with a NULL primary key, which no other "
                 "database accepts; nothing was changed"
             )
     return revision
-
-
-def _check_collisions(source: Connection, target: Connection, table: Table, after: Any) -> None:
-    """--append: refuse keys of the source already in the target with another row."""
-    reader = _Reader(source, table)
-    key = _key(table)
-    for rows, _ in reader.batches(after, BATCH_ROWS):
-        there = _existing(target, table, rows)
-        for row in rows:
-            ident = tuple(row._mapping[c.name] for c in key)
-            if ident in there and there[ident] != row_digest(table, row):
-                shown = ident[0] if len(ident) == 1 else ident
-                raise CopyRefused(
-                    f"--append: {table.name} {shown!r} is already in the target with other "
-                    "values; a copy never overwrites. Nothing was changed"
-                )
-
-
-def _existing(target: Connection, table: Table, rows: Sequence[Any]) -> dict[tuple[Any, ...], str]:
-    """Digest of each target row whose key is among ``rows``' keys."""
-    key = _key(table)
-    idents = [tuple(row._mapping[c.name] for c in key) for row in rows]
-    if not idents:
-        return {}
-    if len(key) == 1:
-        condition = key[0].in_([ident[0] for ident in idents])
-    else:
-        condition = tuple_(*key).in_(idents)
-    return {
-        tuple(row._mapping[c.name] for c in key): row_digest(table, row)
-        for row in target.execute(select(*table.columns).where(condition))
-    }
-
-
-# --------------------------------------------------------------------------------------
-# The copy
-# --------------------------------------------------------------------------------------
 
 
 def _high_water(conn: Connection) -> int:
@@ -681,16 +516,448 @@ def _raise_sequence(conn: Connection, value: int) -> None:
         )
 
 
-def _insert(target: Connection, table: Table, rows: Sequence[Any], skip: set[Any]) -> int:
-    """Insert ``rows`` as they are (ids kept); rows whose key is in ``skip`` are left out."""
-    key = _key(table)
-    values = [
-        dict(row._mapping)
-        for row in rows
-        if not skip or tuple(row._mapping[c.name] for c in key) not in skip
+# --------------------------------------------------------------------------------------
+# The copy
+# --------------------------------------------------------------------------------------
+
+
+def copy_store(
+    source: str,
+    target: str,
+    *,
+    append: bool = False,
+    restart: bool = False,
+    batch_rows: int = BATCH_ROWS,
+    progress: Callable[[CopyProgress], None] | None = None,
+    verify: bool = True,
+) -> CopyResult:
+    """Bring ``target`` (a URL or path) to what ``source`` holds, then verify both.
+
+    A target holding an unfinished or finished copy of this source is brought up to date
+    (only what differs is written); one holding other data is refused unless ``append``;
+    one holding a copy of another store (or of another file at the same path) is refused
+    unless ``restart``, which makes it a copy of this source. Raises :class:`CopyRefused`
+    (or another StoreError) with one line that says what to do, with nothing changed by
+    the refused step.
+    """
+    started = time.perf_counter()
+    source_url, target_url = to_url(source), to_url(target)
+    if same_store(source_url, target_url):
+        raise CopyRefused(
+            f"--from and --to name the same database ({display_url(source_url)}); nothing "
+            "was changed"
+        )
+    reader_engine = open_source(source_url)
+    try:
+        with reader_engine.connect() as conn:
+            conn = read_only(conn)
+            with conn.begin():
+                before = _data_version(conn)
+                run = _Run(conn, source_url, target_url, batch_rows, progress)
+                result = run.execute(append=append, restart=restart, verify=verify)
+            if before is not None:
+                result.source_changed = _data_version(conn) != before
+    finally:
+        reader_engine.dispose()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+class _Run:
+    """One run of the copy, reading the source through one snapshot (``src``)."""
+
+    def __init__(
+        self,
+        src: Connection,
+        source_url: str,
+        target_url: str,
+        batch_rows: int,
+        progress: Callable[[CopyProgress], None] | None,
+    ) -> None:
+        self.src = src
+        self.source_url = source_url
+        self.target_url = target_url
+        self.batch_rows = batch_rows
+        self.progress = progress
+        self.name = _source_name(source_url)
+        self.tables = copied_tables()
+
+    def execute(self, *, append: bool, restart: bool, verify: bool) -> CopyResult:
+        revision = _check_source(self.src, self.source_url, head_revision())
+        plan = _inspect_target(self.target_url, revision)
+        marker = _read_marker(plan.markers, SOURCE_MARKER)
+        state, resuming, complete = self._claim(plan, marker, append=append, restart=restart)
+        append = bool(state["append"])
+        diffs = self._compare(None if plan.create else self.target_url, append)
+        if complete and not append:
+            _refuse_written_target(self.target_url, marker, diffs, self.name)
+        if plan.create:
+            migrate.upgrade(self.target_url, revision=revision[0])
+        nothing = complete and "sums" in (marker or {}) and all(diff.empty for diff in diffs)
+        writer = _Writer(self, state, plan.markers.get(SOURCE_MARKER), diffs)
+        writer.write(finish=not nothing)
+        verification = Verification()
+        if verify:
+            verification = verify_target(
+                self.src, self.target_url, append=append, progress=self.progress
+            )
+        return CopyResult(
+            source=self.name,
+            target=display_url(self.target_url),
+            revision=revision,
+            rows={diff.table.name: writer.upserted.get(diff.table.name, 0) for diff in diffs},
+            resumed=resuming,
+            created_target=plan.create,
+            already_complete=nothing,
+            seconds=0.0,
+            verification=verification,
+            changes=writer.changes(),
+        )
+
+    # ---- whose copy the target holds --------------------------------------------------
+
+    def _claim(
+        self, plan: _Plan, marker: dict[str, Any] | None, *, append: bool, restart: bool
+    ) -> tuple[dict[str, Any], bool, bool]:
+        """The marker state this run writes, whether it resumes an unfinished copy, and
+        whether the copy was complete; refuses a target holding another store's copy."""
+        fingerprint = _fingerprint(self.src, self.source_url)
+        fresh = {
+            "source": self.name,
+            "fingerprint": fingerprint,
+            "sample": _identity_sample(self.src),
+            "state": "copying",
+            "append": append,
+        }
+        target = display_url(self.target_url)
+        if marker is None:
+            if plan.holds_data and not append:
+                raise CopyRefused(
+                    f"--to {target} already holds sessions or other data not from a copy of "
+                    "this source; nothing was changed. Copy into an empty database, or pass "
+                    "--append to add these rows (colliding keys refused)"
+                )
+            return fresh, False, False
+        fresh["append"] = append or bool(marker.get("append"))
+        if restart:  # whatever the target holds, it becomes a copy of this source
+            return fresh, False, False
+        why = self._other_source(marker, fingerprint)
+        unfinished = marker.get("state") == "copying"
+        if why is None:
+            return fresh, unfinished, not unfinished
+        if append and not unfinished:  # a new copy added to this target
+            return fresh, False, False
+        command = f"hermes-store copy --from {self.name} --to {target} --restart"
+        raise CopyRefused(
+            f"--to {target} holds {'an unfinished' if unfinished else 'a'} copy of {why}; "
+            f"nothing was changed. Run `{command}` to make it a copy of this source instead "
+            "(the rows it does not hold are deleted)"
+        )
+
+    def _other_source(self, marker: dict[str, Any], fingerprint: dict[str, Any]) -> str | None:
+        """Why the marker's source is not this one (None when it is)."""
+        if marker.get("source") != self.name:
+            return f"{marker.get('source')}, not of {self.name}"
+        recorded = marker.get("fingerprint")
+        if recorded is not None and recorded != fingerprint:
+            what = "file" if "file" in recorded else "database (its system identifier or oid)"
+            return (
+                f"another {what} than the one now at {self.name} (the store there was "
+                "replaced since)"
+            )
+        sample = marker.get("sample") or []
+        if sample and not _recognised(self.src, sample):
+            return (
+                f"another store than the one now at {self.name}: it holds none of the "
+                f"{len(sample)} rows the copy recorded to recognise its source"
+            )
+        return None
+
+    # ---- comparing -----------------------------------------------------------------------
+
+    def _compare(self, target_url: str | None, append: bool) -> list[TableDiff]:
+        """Every table compared, every source row checked; refuses before any write."""
+        checks = RowChecks(self.tables)
+        engine = None if target_url is None else create_store_engine(target_url, create=False)
+        try:
+            dst_context = contextlib.nullcontext(None) if engine is None else read_snapshot(engine)
+            with dst_context as dst:
+                totals = {
+                    t.name: count_rows(self.src, t) + (0 if dst is None else count_rows(dst, t))
+                    for t in self.tables
+                }
+                total, done, diffs = sum(totals.values()), 0, []
+                for table in self.tables:
+
+                    def tick(rows: int, name: str = table.name, base: int = done) -> None:
+                        whole = (base + rows, total, 0, "comparing")
+                        self._report(CopyProgress(name, rows, totals[name], *whole))
+
+                    tick(0)
+                    diffs.append(
+                        compare_table(
+                            self.src, dst, table, append=append, checks=checks, progress=tick
+                        )
+                    )
+                    tick(totals[table.name])
+                    done += totals[table.name]
+        finally:
+            if engine is not None:
+                engine.dispose()
+        refusal = checks.refusal()
+        if refusal is not None:
+            raise refusal
+        return diffs
+
+    def _report(self, state: CopyProgress) -> None:
+        if self.progress is not None:
+            self.progress(state)
+
+
+def _refuse_written_target(
+    url: str, marker: dict[str, Any] | None, diffs: list[TableDiff], name: str
+) -> None:
+    """Refuse to bring up to date a finished copy the target's users have written to since:
+    the copy would overwrite or delete their rows."""
+    left = (marker or {}).get("sums") or {}
+    changed = [
+        d.table.name
+        for d in diffs
+        if d.table.name in left and left[d.table.name] != d.target_checksum
     ]
-    if not values:
-        return 0
+    if changed:
+        target = display_url(url)
+        raise CopyRefused(
+            f"--to {target} was written to since the copy from {name} finished ("
+            f"{', '.join(changed)} no longer hold what the copy left); nothing was changed: a "
+            "copy never overwrites a database in use. If those writes may go, run "
+            f"`hermes-store copy --from {name} --to {target} --restart`"
+        )
+
+
+class _Writer:
+    """Writes what the comparison found, batch by batch, each batch with the marker."""
+
+    def __init__(
+        self, run: _Run, state: dict[str, Any], previous: str | None, diffs: list[TableDiff]
+    ) -> None:
+        self.run = run
+        self.state = {**state, "run": secrets.token_hex(4), "batches": 0}
+        self.previous = previous
+        self.diffs = diffs
+        self.batches = 0
+        self.rows = 0
+        self.table_totals = {d.table.name: d.upserts + len(d.deletes) for d in diffs}
+        self.table_done: dict[str, int] = {}
+        self.total = sum(self.table_totals.values())
+        self.upserted: dict[str, int] = {}
+        self.deleted: dict[str, int] = {}
+        self.updated: dict[str, int] = {}
+        self.dst: Connection | None = None
+
+    def changes(self) -> dict[str, dict[str, int]]:
+        return {
+            diff.table.name: {
+                "inserted": self.upserted.get(diff.table.name, 0)
+                - self.updated.get(diff.table.name, 0),
+                "updated": self.updated.get(diff.table.name, 0),
+                "deleted": self.deleted.get(diff.table.name, 0),
+            }
+            for diff in self.diffs
+            if self.upserted.get(diff.table.name) or self.deleted.get(diff.table.name)
+        }
+
+    def write(self, *, finish: bool) -> None:
+        engine = create_store_engine(self.run.target_url, create=False)
+        if not is_server(self.run.target_url):
+            engine = engine.execution_options(sqlite_begin="IMMEDIATE").engine
+        try:
+            with engine.connect() as dst:
+                self.dst = dst
+                if finish:
+                    self._write_all()
+                with dst.begin():  # new messages get ids past every copied one
+                    _raise_sequence(dst, _high_water(self.run.src))
+                    if finish:
+                        self._finish()
+                if finish and dst.dialect.name == "postgresql" and self._many():
+                    # The planner's statistics of the new rows, before the agent's first
+                    # query (autovacuum would gather them only later).
+                    with dst.begin():
+                        dst.execute(text("ANALYZE"))
+        finally:
+            self.dst = None
+            engine.dispose()
+
+    def _many(self) -> bool:
+        rows = sum(diff.source_rows for diff in self.diffs)
+        return self.rows * 10 > rows
+
+    def _write_all(self) -> None:
+        for diff in self.diffs:
+            if diff.by_key:
+                self._clear(diff)
+        for diff in self.diffs:
+            self._upsert(diff)
+        for diff in reversed(self.diffs):
+            self._delete(diff)
+        for diff in self.diffs:
+            if diff.table.name in PEER_TRIGGERS and diff.groups:
+                self._peers(diff)
+
+    # ---- one batch -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _batch(self, table: Table, keys: Sequence[Sequence[Any]], step: str) -> Iterator[None]:
+        """One transaction: the batch's writes and the marker, committed together."""
+        assert self.dst is not None
+        try:
+            with self.dst.begin():
+                yield
+                self.batches += 1
+                state = {**self.state, "batches": self.batches}
+                self.previous = _put(self.dst, SOURCE_MARKER, state, self.previous)
+        except DBAPIError as exc:
+            raise _batch_failed(table, keys, exc) from None
+        self.rows += len(keys)
+        done = self.table_done[table.name] = self.table_done.get(table.name, 0) + len(keys)
+        mine = (table.name, done, max(done, self.table_totals.get(table.name, 0)))
+        self.run._report(CopyProgress(*mine, self.rows, self.total, self.batches, step))
+
+    def _clear(self, diff: TableDiff) -> None:
+        """Free the unique values and parent links of rows about to change or go, so that
+        no order of the writes that follow trips a unique index or a foreign key."""
+        table = diff.table
+        columns = [c for c in (*unique_columns(table), *self_references(table)) if c.nullable]
+        keys = [*diff.updates, *diff.deletes]
+        if not columns or not keys:
+            return
+        for chunk in _chunks(keys, KEYS_PER_STATEMENT):
+            assert self.dst is not None
+            try:
+                with self.dst.begin():
+                    self.dst.execute(
+                        table.update()
+                        .where(key_condition(table, chunk))
+                        .values({column.name: None for column in columns})
+                    )
+            except DBAPIError as exc:
+                raise _batch_failed(table, chunk, exc) from None
+
+    def _upsert(self, diff: TableDiff, where: Any = None) -> None:
+        table, size = diff.table, self.run.batch_rows
+        if diff.by_key:
+            inserts = parents_first(table, diff)
+            for kind, keys in (("insert", inserts), ("update", diff.updates)):
+                for chunk in _chunks(keys, size):
+                    rows = rows_by_keys(self.run.src, table, chunk)
+                    with self._batch(table, chunk, "copying"):
+                        self._write_rows(table, rows, kind)
+            return
+        positions = [list(table.columns).index(column) for column in key_columns(table)]
+        for run in diff.runs:
+            for rows in run_batches(self.run.src, table, run, size, where):
+                keys = [tuple(row[i] for i in positions) for row in rows]
+                with self._batch(table, keys, "copying"):
+                    self._write_rows(table, rows, None)
+
+    def _write_rows(self, table: Table, rows: Sequence[Row[Any]], kind: str | None) -> None:
+        """Insert or update ``rows`` as they are (ids kept). ``kind`` None: whichever the
+        target needs (it is asked for the keys it holds)."""
+        assert self.dst is not None
+        if kind is None:
+            held = _held_keys(self.dst, table, rows)
+            positions = [list(table.columns).index(column) for column in key_columns(table)]
+            old = [row for row in rows if tuple(row[i] for i in positions) in held]
+            new = [row for row in rows if tuple(row[i] for i in positions) not in held]
+        else:
+            old, new = (list(rows), []) if kind == "update" else ([], list(rows))
+        if old:
+            _update(self.dst, table, old)
+            self.updated[table.name] = self.updated.get(table.name, 0) + len(old)
+        if new:
+            _insert(self.dst, table, new)
+        self.upserted[table.name] = self.upserted.get(table.name, 0) + len(rows)
+
+    def _delete(self, diff: TableDiff) -> None:
+        table = diff.table
+        for chunk in _chunks(diff.deletes, min(self.run.batch_rows, KEYS_PER_STATEMENT)):
+            with self._batch(table, chunk, "deleting"):
+                assert self.dst is not None
+                self.dst.execute(table.delete().where(key_condition(table, chunk)))
+            self.deleted[table.name] = self.deleted.get(table.name, 0) + len(chunk)
+
+    def _peers(self, diff: TableDiff) -> None:
+        """Compare again, and write, the groups of rows the target's triggers rewrote."""
+        table = diff.table
+        column = table.c[PEER_TRIGGERS[table.name]]
+        groups = diff.groups
+        for _ in range(3):  # the writes of a round change no peer: one round is enough
+            touched: set[Any] = set()
+            for chunk in _chunks(sorted(groups, key=repr), KEYS_PER_STATEMENT):
+                where = column.in_(chunk)
+                assert self.dst is not None
+                with self.dst.begin():
+                    again = compare_table(self.run.src, self.dst, table, where=where)
+                if again.empty:
+                    continue
+                self.total += again.upserts + len(again.deletes)
+                self._upsert(again, where)
+                self._delete(again)
+                touched |= again.groups
+            if not touched:
+                return
+            groups = touched
+
+    def _finish(self) -> None:
+        """The copy is complete: the marker says so; the marker of older versions goes."""
+        assert self.dst is not None
+        done = [key for key in _markers(self.dst) if key != SOURCE_MARKER]
+        if done:
+            self.dst.execute(
+                text("DELETE FROM state_meta WHERE key IN :keys").bindparams(
+                    bindparam("keys", expanding=True)
+                ),
+                {"keys": done},
+            )
+        state = {**self.state, "state": "complete", "batches": self.batches}
+        state["sample"] = _identity_sample(self.run.src)
+        # What the target holds now (the source's rows as this run read them): a later run
+        # refuses to overwrite a target written to since.
+        state["sums"] = {diff.table.name: diff.source_checksum for diff in self.diffs}
+        self.previous = _put(self.dst, SOURCE_MARKER, state, self.previous)
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _held_keys(target: Connection, table: Table, rows: Sequence[Row[Any]]) -> set[tuple[Any, ...]]:
+    """The keys among ``rows``' that the target holds."""
+    key = key_columns(table)
+    idents = [tuple(row._mapping[c.name] for c in key) for row in rows]
+    found = target.execute(select(*key).where(key_condition(table, idents)))
+    return {tuple(row) for row in found}
+
+
+def _update(target: Connection, table: Table, rows: Sequence[Row[Any]]) -> None:
+    """Give the target's rows of these keys the source's values (every column)."""
+    key = key_columns(table)
+    statement = table.update().where(and_(*(c == bindparam(f"key_{c.name}") for c in key)))
+    values = [
+        {
+            **{c.name: row._mapping[c.name] for c in table.columns if c not in key},
+            **{f"key_{c.name}": row._mapping[c.name] for c in key},
+        }
+        for row in rows
+    ]
+    target.execute(statement, values)
+
+
+def _insert(target: Connection, table: Table, rows: Sequence[Row[Any]]) -> None:
+    """Insert ``rows`` as they are (ids kept)."""
+    values = [dict(row._mapping) for row in rows]
     target.execute(table.insert(), values)
     if table.name == "messages":
         # The display-order trigger fills a NULL display_order on insert; the copy keeps
@@ -703,290 +970,27 @@ def _insert(target: Connection, table: Table, rows: Sequence[Any], skip: set[Any
                 .values(display_order=None),
                 {"ids": nulls},
             )
-    return len(values)
 
 
-def _batch_failed(table: Table, exc: DBAPIError) -> CopyRefused:
-    first = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc).__name__
+def _batch_failed(table: Table, keys: Sequence[Sequence[Any]], exc: DBAPIError) -> CopyRefused:
+    """One line for a batch the target refused: the table, the keys, the constraint or
+    the kind of error; never the driver's text, which may quote a value."""
+    original = exc.orig
+    diag = getattr(original, "diag", None)
+    sqlstate = getattr(original, "sqlstate", None)
+    if diag is not None:
+        named = diag.constraint_name or diag.column_name or diag.datatype_name
+        reason = f"PostgreSQL error {sqlstate}" + (f" on {named}" if named else "")
+        if isinstance(sqlstate, str) and sqlstate.startswith("23") and diag.message_primary:
+            reason = diag.message_primary  # integrity errors name the constraint, no value
+    else:
+        first = str(original).strip().splitlines()[0] if str(original).strip() else ""
+        reason = first if "constraint failed" in first else type(original).__name__
+    span = shown_key(table, keys[0]) if keys else table.name
+    if len(keys) > 1:
+        span += f" to {shown_key(table, keys[-1])}"
     return CopyRefused(
-        f"{table.name}: the target refused a batch ({first}); that batch was rolled back, the "
-        "batches before it are kept, and the next run resumes from there"
+        f"{table.name}: the target refused the batch of {span} ({reason}); that batch was "
+        "rolled back, the batches before it are kept. Fix the cause, then run the same "
+        "command again"
     )
-
-
-def copy_store(
-    source: str,
-    target: str,
-    *,
-    append: bool = False,
-    batch_rows: int = BATCH_ROWS,
-    progress: Callable[[CopyProgress], None] | None = None,
-    verify: bool = True,
-) -> CopyResult:
-    """Copy every table of ``source`` into ``target`` (URLs or paths), then verify both.
-
-    Resumes an unfinished copy of the same source; refuses a target holding other data
-    unless ``append``. Raises :class:`CopyRefused` (or another StoreError) with one line
-    that says what to do, with nothing changed by the refused step.
-    """
-    started = time.perf_counter()
-    source_url, target_url = to_url(source), to_url(target)
-    if same_store(source_url, target_url):
-        raise CopyRefused(
-            f"--from and --to name the same database ({display_url(source_url)}); nothing "
-            "was changed"
-        )
-    head = head_revision()
-    reader_engine = open_source(source_url)
-    try:
-        with _snapshot(reader_engine) as src:
-            revision = _check_source(src, source_url, head)
-        plan = _inspect_target(target_url, revision)
-        identity = _source_identity(source_url)
-        marker = _read_marker(plan.markers, SOURCE_MARKER)
-        resuming = marker is not None and marker.get("state") == "copying"
-        if marker is not None and marker.get("source") != identity and resuming:
-            raise CopyRefused(
-                f"--to {display_url(target_url)} holds an unfinished copy from "
-                f"{marker.get('source')}, not from {identity}; nothing was changed. Finish it "
-                "with that --from, or copy into an empty database"
-            )
-        complete = (
-            marker is not None
-            and marker.get("state") == "complete"
-            and marker.get("source") == identity
-            and not append
-        )
-        if plan.holds_data and not resuming and not complete and not append:
-            raise CopyRefused(
-                f"--to {display_url(target_url)} already holds sessions or other data not "
-                "from an unfinished copy of this source; nothing was changed. Copy into an "
-                "empty database, or pass --append to add these rows (colliding keys refused)"
-            )
-        # A copy begun (or finished) with --append stays one: resuming or verifying it
-        # compares the source's rows only, the target's own rows apart.
-        ours = marker is not None and marker.get("source") == identity
-        append = append or bool(ours and marker and (resuming or complete) and marker.get("append"))
-        created = plan.create
-        if plan.create:
-            migrate.upgrade(target_url, revision=revision[0])
-        copied: dict[str, int] = {}
-        if not complete:
-            copied = _copy_tables(
-                reader_engine,
-                target_url,
-                identity,
-                append=append,
-                batch_rows=batch_rows,
-                progress=progress,
-            )
-        verification = (
-            verify_copy(reader_engine, target_url, append=append) if verify else Verification()
-        )
-    finally:
-        reader_engine.dispose()
-    return CopyResult(
-        source=identity,
-        target=display_url(target_url),
-        revision=revision,
-        rows=copied,
-        resumed=resuming,
-        created_target=created,
-        already_complete=complete,
-        seconds=time.perf_counter() - started,
-        verification=verification,
-    )
-
-
-def _copy_tables(
-    reader_engine: Engine,
-    target_url: str,
-    identity: str,
-    *,
-    append: bool,
-    batch_rows: int,
-    progress: Callable[[CopyProgress], None] | None,
-) -> dict[str, int]:
-    """Every table, batch by batch, each batch committed with its marker."""
-    engine = create_store_engine(target_url, create=False)
-    if not is_server(target_url):
-        engine = engine.execution_options(sqlite_begin="IMMEDIATE").engine
-    copied: dict[str, int] = {}
-    try:
-        with _snapshot(reader_engine) as src, engine.connect() as dst:
-            with dst.begin():
-                markers = _markers(dst)
-            tables = copied_tables()
-            if append:  # before anything is written: a colliding key refuses the whole copy
-                with dst.begin():
-                    for table in tables:
-                        info = _read_marker(markers, MARKER_PREFIX + table.name)
-                        _check_collisions(src, dst, table, info and info.get("after"))
-            with dst.begin():
-                source_marker = markers.get(SOURCE_MARKER)
-                state = _read_marker(markers, SOURCE_MARKER)
-                if state is None or state.get("state") != "copying":
-                    state = {"source": identity, "state": "copying", "append": append}
-                    source_marker = _write_source(dst, state, source_marker)
-            readers = {table.name: _Reader(src, table) for table in tables}
-            totals = {name: reader.total() for name, reader in readers.items()}
-            done_before = {}
-            for table in tables:
-                info = _read_marker(markers, MARKER_PREFIX + table.name)
-                after = None if info is None else info.get("after")
-                done_before[table.name] = totals[table.name] - readers[table.name].remaining(after)
-            total = sum(totals.values())
-            rows = sum(done_before.values())
-            batches = 0
-            for table in tables:
-                key = MARKER_PREFIX + table.name
-                previous = markers.get(key)
-                info = _read_marker(markers, key)
-                after = None if info is None else info.get("after")
-                table_rows = done_before[table.name]
-                copied[table.name] = 0
-                for chunk, last in readers[table.name].batches(after, batch_rows):
-                    try:
-                        with dst.begin():
-                            skip: set[Any] = set()
-                            if append:
-                                skip = set(_existing(dst, table, chunk))
-                            written = _insert(dst, table, chunk, skip)
-                            previous = _put(dst, key, {"after": last}, previous)
-                    except DBAPIError as exc:
-                        raise _batch_failed(table, exc) from exc
-                    copied[table.name] += written
-                    table_rows += len(chunk)
-                    rows += len(chunk)
-                    batches += 1
-                    if progress is not None:
-                        progress(
-                            CopyProgress(
-                                table.name, table_rows, totals[table.name], rows, total, batches
-                            )
-                        )
-            with dst.begin():
-                _raise_sequence(dst, _high_water(src))
-                done = [key for key in _markers(dst) if key != SOURCE_MARKER]
-                if done:
-                    dst.execute(
-                        text("DELETE FROM state_meta WHERE key IN :keys").bindparams(
-                            bindparam("keys", expanding=True)
-                        ),
-                        {"keys": done},
-                    )
-                _write_source(dst, {**state, "state": "complete"}, source_marker)
-            if dst.dialect.name == "postgresql":
-                # The planner's statistics of the new rows, before the agent's first query
-                # (autovacuum would gather them only later).
-                with dst.begin():
-                    dst.execute(text("ANALYZE"))
-    finally:
-        engine.dispose()
-    return copied
-
-
-def _write_source(conn: Connection, state: dict[str, Any], previous: str | None) -> str:
-    """The source marker: which source this target receives, and whether it is done."""
-    if previous is not None:
-        conn.execute(text("DELETE FROM state_meta WHERE key = :key"), {"key": SOURCE_MARKER})
-    return _put(conn, SOURCE_MARKER, state, None)
-
-
-# --------------------------------------------------------------------------------------
-# Verification
-# --------------------------------------------------------------------------------------
-
-
-def _state_meta_markers(conn: Connection) -> dict[str, str | None]:
-    rows = conn.execute(text("SELECT key, value FROM state_meta")).all()
-    return {str(k): v for k, v in rows if is_own_key(str(k)) and not k.startswith(MARKER_PREFIX)}
-
-
-def _search_hits(conn: Connection, query: dict[str, Any]) -> set[int]:
-    from hermes_store.search import search_messages
-
-    return {hit["id"] for hit in search_messages(conn, limit=SEARCH_LIMIT, **query)}
-
-
-def _search_available(engine: Engine) -> str | None:
-    """None when ``search_messages`` answers on this database, else why not.
-
-    The search of PostgreSQL stores is being written (branch search-pg); until it lands,
-    the sample searches are reported as not checked rather than as a difference.
-    """
-    try:
-        with _snapshot(engine) as conn:
-            from hermes_store.search import search_messages
-
-            search_messages(conn, "error", limit=1)
-    except Exception as exc:  # any failure means: not available on this database
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        name = "PostgreSQL" if engine.dialect.name == "postgresql" else engine.dialect.name
-        return f"{name} search not available ({first[:100]})"
-    return None
-
-
-def _compare_searches(
-    source: Engine, target: Engine, append: bool
-) -> tuple[list[SearchCheck], list[str]]:
-    """Each sample search on both sides (each in a read transaction of its own)."""
-    checks: list[SearchCheck] = []
-    failed: list[str] = []
-    for query in SAMPLE_QUERIES:
-        try:
-            with _snapshot(source) as conn:
-                hits = _search_hits(conn, query)
-            with _snapshot(target) as conn:
-                other = _search_hits(conn, query)
-        except Exception as exc:  # a search that fails on one side is not checked
-            failed.append(f"search {query}: {type(exc).__name__}")
-            continue
-        # --append: the target's own rows may add hits; the source's must all be there.
-        equal = hits <= other if append else hits == other
-        checks.append(SearchCheck(query, len(hits), len(other), equal))
-    return checks, failed
-
-
-def verify_copy(source: Engine | str, target: str, *, append: bool = False) -> Verification:
-    """Compare the target with the source: revision, rows and checksum of every table,
-    the search markers side by side, and the hit sets of :data:`SAMPLE_QUERIES`.
-
-    With ``append`` only the target rows whose keys are in the source are compared.
-    """
-    started = time.perf_counter()
-    own_engine = isinstance(source, str)
-    reader = open_source(to_url(source)) if isinstance(source, str) else source
-    target_url = to_url(target)
-    dst_engine = create_store_engine(target_url, create=False, wal=False)
-    result = Verification()
-    try:
-        why_not = [w for w in (_search_available(reader), _search_available(dst_engine)) if w]
-        with _snapshot(reader) as src, _snapshot(dst_engine) as dst:
-            result.revisions = (_revisions(src), _revisions(dst))
-            for table in Base.metadata.sorted_tables:
-                where = _own_filter(table)
-                a = table_sum(src, table, where)
-                if append and table.name not in REVISION_TABLES:
-                    # Only the target's rows whose keys the source has: the rest are its own.
-                    keys = select(*_key(table))
-                    keys = keys if where is None else keys.where(where)
-                    b = table_sum(dst, table, where, keys=(tuple(r) for r in src.execute(keys)))
-                else:
-                    b = table_sum(dst, table, where)
-                result.tables.append(
-                    TableCheck(table.name, a.rows, b.rows, a.hexdigest(), b.hexdigest())
-                )
-            mine, theirs = _state_meta_markers(src), _state_meta_markers(dst)
-            result.markers = {k: (mine.get(k), theirs.get(k)) for k in sorted({*mine, *theirs})}
-            if why_not:
-                result.not_checked.append(f"sample searches: {'; '.join(why_not)}")
-        if not why_not:
-            result.searches, failed = _compare_searches(reader, dst_engine, append)
-            result.not_checked += failed
-    finally:
-        dst_engine.dispose()
-        if own_engine:
-            reader.dispose()
-    result.seconds = time.perf_counter() - started
-    return result

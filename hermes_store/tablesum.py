@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import BLOB, REAL, Column, Connection, Table, select, tuple_
 
-__all__ = ["TableChecksum", "row_digest", "table_sum"]
+__all__ = ["RowHasher", "TableChecksum", "row_digest", "table_sum"]
 
 #: Rows fetched at a time, and keys per ``IN (...)`` when only some rows are summed.
 FETCH_ROWS = 2000
@@ -54,22 +54,36 @@ def _normaliser(column: Column[Any]) -> Callable[[Any], bytes]:
     return encode
 
 
+class RowHasher:
+    """The SHA-256 of one row of a table, as an integer (the same on both databases)."""
+
+    def __init__(self, table: Table) -> None:
+        self.encoders = [_normaliser(column) for column in table.columns]
+
+    def __call__(self, row: Sequence[Any]) -> int:
+        digest = hashlib.sha256()
+        for encode, value in zip(self.encoders, row, strict=True):
+            digest.update(encode(value))
+        return int.from_bytes(digest.digest(), "big")
+
+
 class TableChecksum:
     """The row count and order-independent checksum of rows of one table."""
 
     MOD = 1 << 256
 
     def __init__(self, table: Table) -> None:
-        self.encoders = [_normaliser(column) for column in table.columns]
+        self.hasher = RowHasher(table)
         self.total = 0
         self.rows = 0
 
     def add(self, row: Sequence[Any]) -> None:
         """Count one row (its values in the order of the table's columns)."""
-        digest = hashlib.sha256()
-        for encode, value in zip(self.encoders, row, strict=True):
-            digest.update(encode(value))
-        self.total = (self.total + int.from_bytes(digest.digest(), "big")) % self.MOD
+        self.add_digest(self.hasher(row))
+
+    def add_digest(self, digest: int) -> None:
+        """Count one row given by its :class:`RowHasher` digest."""
+        self.total = (self.total + digest) % self.MOD
         self.rows += 1
 
     def hexdigest(self) -> str:
@@ -90,16 +104,24 @@ def table_sum(
     where: Any = None,
     *,
     keys: Iterable[Sequence[Any]] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> TableChecksum:
     """Rows and checksum of ``table`` (those matching ``where``; only the rows whose primary
-    keys are in ``keys``, when given)."""
+    keys are in ``keys``, when given). ``progress`` gets the rows summed so far, every
+    :data:`FETCH_ROWS` rows."""
     check = TableChecksum(table)
+
+    def count(rows: Iterable[Sequence[Any]]) -> None:
+        for row in rows:
+            check.add(row)
+            if progress is not None and check.rows % FETCH_ROWS == 0:
+                progress(check.rows)
+
     if keys is None:
         query = select(*table.columns)
         if where is not None:
             query = query.where(where)
-        for row in conn.execution_options(yield_per=FETCH_ROWS).execute(query):
-            check.add(row)
+        count(conn.execute(query, execution_options={"yield_per": FETCH_ROWS}))
         return check
     key = list(table.primary_key.columns)
     batch: list[Sequence[Any]] = []
@@ -113,8 +135,7 @@ def table_sum(
             condition = tuple_(*key).in_([tuple(ident) for ident in batch])
         if where is not None:
             condition = condition & where
-        for row in conn.execute(select(*table.columns).where(condition)):
-            check.add(row)
+        count(conn.execute(select(*table.columns).where(condition)))
         batch.clear()
 
     for ident in keys:
