@@ -1,4 +1,5 @@
-"""SQLite FTS5's ``snippet()`` reproduced in pure Python, for databases without FTS5.
+"""SQLite FTS5's ``snippet()`` reproduced in pure Python, for databases without FTS5, and
+snippets of bounded cost for texts too large or too dense for it.
 
 The search contract (shared/spec/search.md) returns, for each hit,
 ``snippet(messages_fts, 0, '>>>', '<<<', '...', 40)`` on the word path and
@@ -59,6 +60,19 @@ ellipsis="...") -> str``
     The ``trigram`` tokenizer (``case_sensitive=0``); each substring is one quoted token of
     the trigram MATCH, 3 characters or more (shorter ones match nothing); ``groups`` as
     above, over the substrings.
+``exact_is_bounded(text, phrases, *, trigram=False) -> bool``
+    Whether FTS5's snippet of ``text`` stays cheap: its time grows with the square of the
+    phrases' instances in the row, and this says whether there are at most
+    ``EXACT_INSTANCES`` (found by regular expressions, not by the tokenizer, which in
+    Python takes about a second a megabyte).
+``bounded_word_snippet(...)``, ``bounded_trigram_snippet(...)``
+    The same arguments as above; a snippet of bounded cost for any text: the algorithm
+    above applied to a window of ``WINDOW_CHARS`` characters that starts ``WINDOW_BEFORE``
+    characters before the first instance of a marked phrase (the phrases of the groups'
+    operands; every phrase without ``groups``), less a word token an edge of the window
+    cuts, each marked phrase marked wherever it occurs in it, with the ellipsis where the
+    window cuts the text. Search uses them past its size and instance limits (README,
+    "Search").
 
 What it reproduces
 ------------------
@@ -90,10 +104,24 @@ from __future__ import annotations
 
 import bisect
 import functools
+import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = ["Group", "Near", "Phrase", "Term", "trigram_snippet", "word_snippet"]
+__all__ = [
+    "EXACT_INSTANCES",
+    "WINDOW_BEFORE",
+    "WINDOW_CHARS",
+    "Group",
+    "Near",
+    "Phrase",
+    "Term",
+    "bounded_trigram_snippet",
+    "bounded_word_snippet",
+    "exact_is_bounded",
+    "trigram_snippet",
+    "word_snippet",
+]
 
 Term = tuple[str, bool]
 Phrase = Sequence[Term]
@@ -321,20 +349,6 @@ _FOLD_TRIGRAM = _expand(_FOLD_KEEPING_DIACRITICS)
 _SEPARATOR, _TOKEN = 0, 1  # 2: continues a token, never starts one
 
 
-@functools.lru_cache(maxsize=4096)
-def _word_char(ch: str) -> tuple[int, str]:
-    """The unicode61 class of one character and what it folds to."""
-    code = ord(ch)
-    if code < 0x80:
-        if ch.isascii() and ch.isalnum():
-            return _TOKEN, ch.lower()
-        return _SEPARATOR, ""
-    klass = _CLASS_KINDS[bisect.bisect_right(_CLASS_STARTS, code) - 1]
-    if klass == _SEPARATOR:
-        return _SEPARATOR, ""
-    return klass, _FOLD_WORD.get(code, ch)
-
-
 def _fold_trigram(ch: str) -> str:
     if ch < "\x80":
         return ch.lower()
@@ -352,25 +366,49 @@ class _Token(NamedTuple):
     end: int  # UTF-8 byte offset just past its last byte
 
 
+def _class_ranges(kind: int) -> str:
+    """The code points of one unicode61 class above ASCII, as a regular expression class."""
+    pieces = []
+    for i, (first, klass) in enumerate(zip(_CLASS_STARTS, _CLASS_KINDS, strict=True)):
+        if klass == kind:
+            last = _CLASS_STARTS[i + 1] - 1 if i + 1 < len(_CLASS_STARTS) else 0x10FFFF
+            pieces.append(f"\\U{first:08x}-\\U{last:08x}")
+    return "".join(pieces)
+
+
+#: unicode61's token characters and removable diacritics, as regular expression classes.
+_TOKEN_CHARS = "0-9A-Za-z" + _class_ranges(_TOKEN)
+_DIACRITICS = _class_ranges(2)
+#: A token: a token character, then token characters or diacritics (which start none).
+_WORD_TOKEN = re.compile(f"[{_TOKEN_CHARS}][{_TOKEN_CHARS}{_DIACRITICS}]*")
+_ASCII_TOKEN = re.compile("[0-9A-Za-z]+")
+#: unicode61's folding of every character that does not fold to itself.
+_WORD_FOLDS = {
+    **{code: folded for code, folded in _FOLD_WORD.items()},
+    **{ord(ch): ch.lower() for ch in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"},
+}
+
+
 def _word_tokens(text: str) -> list[_Token]:
     """Tokenize like unicode61 (remove_diacritics=1, no tokenchars or separators)."""
+    if text.isascii():  # offsets in characters are offsets in bytes
+        return [
+            _Token(match.group().lower(), match.start(), match.end())
+            for match in _ASCII_TOKEN.finditer(text)
+        ]
     tokens: list[_Token] = []
-    parts: list[str] | None = None
-    begin = offset = 0
-    for ch in text:
-        klass, folded = _word_char(ch)
-        if parts is None:
-            if klass == _TOKEN:
-                parts, begin = [folded], offset
-        elif klass == _SEPARATOR:
-            tokens.append(_Token("".join(parts), begin, offset))
-            parts = None
-        else:
-            parts.append(folded)
-        offset += _utf8_len(ch)
-    if parts is not None:
-        tokens.append(_Token("".join(parts), begin, offset))
+    chars = offset = 0  # the last token's end, in characters and in UTF-8 bytes
+    for match in _WORD_TOKEN.finditer(text):
+        begin, end = match.span()
+        start = offset + _utf8_size(text[chars:begin])
+        offset = start + _utf8_size(match.group())
+        chars = end
+        tokens.append(_Token(match.group().translate(_WORD_FOLDS), start, offset))
     return tokens
+
+
+def _utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _trigram_tokens(text: str) -> list[_Token]:
@@ -551,25 +589,33 @@ def _cdiv2(value: int) -> int:
 
 
 def _window_score(
-    insts: list[_Instance], starts: list[int], first: int, tokens: int, doc_size: int
+    insts: list[_Instance],
+    starts: list[int],
+    phrases: list[list[int]],
+    first: int,
+    tokens: int,
+    doc_size: int,
 ) -> tuple[int, int]:
     """Score the window of ``tokens`` tokens from ``first``, and where to centre it.
 
-    ``starts`` are the instances' positions, to find the window's instances by bisection
-    (FTS5 scans them all; the order within the window is the same).
+    ``starts`` are the instances' positions and ``phrases`` each phrase's own, to find the
+    window's instances by bisection (FTS5 scans them all: 1000 for each phrase seen first
+    in the window, 1 for each repeat, the same sum).
     """
-    seen: set[int] = set()
-    score = 0
-    lead = -1
-    last = 0
     low = bisect.bisect_left(starts, first)
     high = bisect.bisect_left(starts, first + tokens) if tokens > 0 else low
-    for inst in insts[low:high]:
-        score += 1 if inst.phrase in seen else 1000
-        seen.add(inst.phrase)
-        if lead < 0:
-            lead = inst.pos
-        last = inst.pos + inst.size
+    if high - low <= len(phrases):
+        seen = len({inst.phrase for inst in insts[low:high]})
+    else:
+        seen = sum(
+            bisect.bisect_left(own, first) < bisect.bisect_left(own, first + tokens)
+            for own in phrases
+        )
+    score = 1000 * seen + (high - low - seen)
+    lead, last = -1, 0  # no instance in the window: FTS5's initial values
+    if low < high:
+        lead = starts[low]
+        last = insts[high - 1].pos + insts[high - 1].size
     centred = lead - _cdiv2(tokens - (last - lead))
     if centred + tokens > doc_size:
         centred = doc_size - tokens
@@ -596,14 +642,22 @@ def _best_start(data: bytes, doc: list[_Token], insts: list[_Instance], tokens: 
     best_score = 0
     best_start = 0
     positions = [inst.pos for inst in insts]
+    phrases: dict[int, list[int]] = {}
     for inst in insts:
-        score, centred = _window_score(insts, positions, inst.pos, tokens, doc_size)
+        phrases.setdefault(inst.phrase, []).append(inst.pos)
+    own = list(phrases.values())
+    previous = -1
+    for inst in insts:
+        if inst.pos == previous:  # the same windows as the instance before: no better score
+            continue
+        previous = inst.pos
+        score, centred = _window_score(insts, positions, own, inst.pos, tokens, doc_size)
         if score > best_score:
             best_score, best_start = score, centred
         if starts and doc_size > tokens:
             sentence = starts[bisect.bisect_right(starts, inst.pos) - 1]
             if sentence < inst.pos:
-                score, _ = _window_score(insts, positions, sentence, tokens, doc_size)
+                score, _ = _window_score(insts, positions, own, sentence, tokens, doc_size)
                 score += 120 if sentence == 0 else 100
                 if score > best_score:
                     best_score, best_start = score, sentence
@@ -643,13 +697,18 @@ def _render(
     insts: list[_Instance],
     tokens: int,
     marks: tuple[bytes, bytes, bytes],
+    cut: tuple[bool, bool] = (False, False),
 ) -> str:
+    """FTS5's snippet of ``data``; ``cut`` says whether the text went on before and after
+    ``data`` (a bounded snippet's window, cut at tokens): an ellipsis stands for that text,
+    as FTS5 writes one for the tokens it leaves out."""
     start_mark, end_mark, ellipsis = marks
+    cut_before, cut_after = cut
     best = _best_start(data, doc, insts, tokens)
     range_start, range_end = best, best + tokens - 1
     merged = [span for span in _merged(insts) if span[0] >= best]
     out = _Output(data)
-    if best > 0:
+    if best > 0 or cut_before:
         out.add(ellipsis)
     k = 0
     span = merged[0] if merged else (-1, -1)
@@ -658,7 +717,7 @@ def _render(
         if range_end > 0:
             if pos < range_start or pos > range_end:
                 continue
-            if range_start and pos == range_start:
+            if (range_start or cut_before) and pos == range_start:
                 offset = token.start
         if pos == span[0]:
             out.copy(offset, token.start)
@@ -677,10 +736,14 @@ def _render(
             offset = token.end
             if span[0] <= pos < span[1]:
                 out.add(end_mark)
-    if range_end >= len(doc) - 1:
-        out.copy(offset, len(data))
-    else:
+    if range_end < len(doc) - 1:
         out.add(ellipsis)
+    elif cut_after:
+        if doc and doc[-1].end > offset:
+            out.copy(offset, doc[-1].end)
+        out.add(ellipsis)
+    else:
+        out.copy(offset, len(data))
     return b"".join(out.parts).decode("utf-8", "replace")
 
 
@@ -691,10 +754,11 @@ def _snippet(
     sizes: list[int],
     tokens: int,
     marks: tuple[str, str, str],
+    cut: tuple[bool, bool] = (False, False),
 ) -> str:
     data = text.encode("utf-8", "surrogatepass")
     encoded = (marks[0].encode(), marks[1].encode(), marks[2].encode())
-    return _render(data, doc, _instances(lists, sizes), tokens, encoded)
+    return _render(data, doc, _instances(lists, sizes), tokens, encoded, cut)
 
 
 def _word_instances(
@@ -762,3 +826,224 @@ def trigram_snippet(
     sizes = [len(pattern) for pattern in patterns]
     lists = _counting([_positions(grams, pattern) for pattern in patterns], sizes, groups)
     return _snippet(text, doc, lists, sizes, tokens, (start, end, ellipsis))
+
+
+# --- bounded snippets -------------------------------------------------------------------
+# FTS5 scores a window at every instance of the query's phrases against every other
+# instance: its time grows with the square of the instances in the row (a 1 MB text full
+# of the term took 5 s, 10 MB over 10 minutes). Search asks for FTS5's own snippet only
+# where that stays small, and makes the others here, from a window of the text.
+
+#: The most instances of a query's phrases a text may hold for its snippet to be FTS5's
+#: own (FTS5's time for 1,000: about 10 ms).
+EXACT_INSTANCES = 1000
+#: A bounded snippet's window, in characters of the indexed text: it starts WINDOW_BEFORE
+#: characters before the first instance of a marked phrase (or at the text's start).
+WINDOW_CHARS = 16384
+WINDOW_BEFORE = 2048
+
+_WORDISH = f"{_TOKEN_CHARS}{_DIACRITICS}"
+_WORDISH_CHAR = re.compile(f"[{_WORDISH}]")
+_WORDISH_RUN = re.compile(f"[{_WORDISH}]*")
+_WORDISH_TAIL = re.compile(f"[{_WORDISH}]+\\Z")
+
+
+def _reverse(folds: dict[int, str]) -> dict[str, str]:
+    """Each folded character -> the characters that fold to it, itself included."""
+    sources: dict[str, set[str]] = {}
+    for code, folded in folds.items():
+        if folded:
+            sources.setdefault(folded, {folded}).add(chr(code))
+    return {folded: "".join(sorted(chars)) for folded, chars in sources.items()}
+
+
+_WORD_SOURCES = _reverse(_WORD_FOLDS)
+_TRIGRAM_SOURCES = _reverse(
+    {**_FOLD_TRIGRAM, **{ord(ch): ch.lower() for ch in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"}}
+)
+
+
+def _either(folded: str, sources: dict[str, str]) -> str:
+    """A regular expression class of the characters that fold to ``folded``."""
+    return "[" + "".join(re.escape(ch) for ch in sources.get(folded, folded)) + "]"
+
+
+def _word_regex(pattern: _Pattern, ascii_text: bool) -> str | None:
+    """A regular expression finding where the phrase's instances start in a text, as
+    unicode61 tokenises and folds it (in an ASCII text lower-cased: ASCII classes only);
+    None when the phrase cannot occur in such a text."""
+    if ascii_text:
+        if not all(_ASCII_TOKEN.fullmatch(text) for text, _prefix in pattern):
+            return None
+        words = [re.escape(text) for text, _prefix in pattern]
+        separators, wordish = "[^0-9a-z]+", "[0-9a-z]"
+        # The first token as a literal (a fast search), then that it starts a token.
+        first = f"{words[0]}(?<!{wordish}{words[0]})"
+    else:
+        diacritics = f"[{_DIACRITICS}]*"
+        words = [
+            "".join(_either(ch, _WORD_SOURCES) + diacritics for ch in text)
+            for text, _prefix in pattern
+        ]
+        # Between two tokens: a separator, then anything but a token character (a
+        # diacritic after a separator separates).
+        separators, wordish = f"[^{_WORDISH}][^{_TOKEN_CHARS}]*", f"[{_WORDISH}]"
+        head = _either(pattern[0][0][0], _WORD_SOURCES)
+        # A token starts after a character that is neither a token character nor a
+        # diacritic (which continues a token), and after any diacritics that follow it.
+        start = f"(?:{head}(?<!{wordish}.)|[{_DIACRITICS}](?<!{wordish}.){diacritics}{head})"
+        first = start + words[0][len(head) :]
+    last = len(pattern) - 1
+    # A whole token ends before a token character; a prefix goes on to its token's end,
+    # unless it is the phrase's last.
+    ends = [
+        "" if prefix and k == last else f"{wordish}*" if prefix else f"(?!{wordish})"
+        for k, (_text, prefix) in enumerate(pattern)
+    ]
+    rest = "".join(separators + words[k] + ends[k] for k in range(1, len(pattern)))
+    return first + ends[0] + rest
+
+
+def _trigram_regex(substring: str, ascii_text: bool) -> str | None:
+    """A regular expression finding a quoted trigram token in a text, folded as the trigram
+    tokenizer folds (in an ASCII text lower-cased)."""
+    folded = "".join(_fold_trigram(ch) for ch in substring)
+    if len(folded) < 3:
+        return None
+    if ascii_text:
+        return re.escape(folded) if folded.isascii() else None
+    return "".join(
+        re.escape(ch) if _TRIGRAM_SOURCES.get(ch, ch) == ch else _either(ch, _TRIGRAM_SOURCES)
+        for ch in folded
+    )
+
+
+_compiled = functools.lru_cache(maxsize=256)(re.compile)
+
+
+class _Finder:
+    """Where a query's phrases occur in one text, by regular expressions (the tokenizer in
+    Python takes about a second a megabyte)."""
+
+    def __init__(self, text: str, phrases: Sequence[Phrase] | Sequence[str], trigram: bool):
+        ascii_text = text.isascii()
+        if trigram:
+            cut = text.find("\x00")  # the trigram tokenizer stops at a NUL
+            text = text if cut < 0 else text[:cut]
+            regexes = [_trigram_regex(str(sub), ascii_text) for sub in phrases]
+        else:
+            patterns = [_word_pattern(phrase) for phrase in phrases]  # type: ignore[arg-type]
+            regexes = [_word_regex(p, ascii_text) if p else None for p in patterns]
+        self.text = text.lower() if ascii_text else text
+        self.finders = [_compiled(regex) if regex else None for regex in regexes]
+
+    def first(self, marked: Sequence[int]) -> int | None:
+        """The character offset of the first instance of a marked phrase, if any."""
+        found = [
+            match.start()
+            for i in marked
+            if (finder := self.finders[i]) is not None
+            and (match := finder.search(self.text)) is not None
+        ]
+        return min(found, default=None)
+
+    def more_than(self, limit: int) -> bool:
+        """Whether the phrases have more than ``limit`` instances in all."""
+        count = 0
+        for finder in self.finders:
+            if finder is None:
+                continue
+            match = finder.search(self.text)
+            while match is not None:
+                count += 1
+                if count > limit:
+                    return True
+                match = finder.search(self.text, match.start() + 1)
+        return False
+
+
+def _marked(count: int, groups: Sequence[Group] | None) -> list[int]:
+    """The phrases a bounded snippet marks: all of them, or those of a group's operands
+    (never the right side of a NOT)."""
+    if groups is None:
+        return list(range(count))
+    return sorted({i for operands, _negated in groups for operand in operands for i in operand})
+
+
+def _window(text: str, anchor: int | None, *, words: bool) -> tuple[int, int]:
+    """A bounded snippet's window (character offsets): WINDOW_CHARS from WINDOW_BEFORE before
+    the anchor, less a word token that an edge cuts."""
+    begin = 0 if anchor is None else max(anchor - WINDOW_BEFORE, 0)
+    finish = min(begin + WINDOW_CHARS, len(text))
+    if words:
+        wordish = _WORDISH_CHAR
+        if begin > 0 and wordish.match(text, begin - 1) and wordish.match(text, begin):
+            begin = _WORDISH_RUN.match(text, begin).end()  # type: ignore[union-attr]
+        if finish < len(text) and wordish.match(text, finish - 1) and wordish.match(text, finish):
+            tail = _WORDISH_TAIL.search(text, begin, finish)
+            finish = tail.start() if tail is not None else begin
+    return begin, finish
+
+
+def exact_is_bounded(
+    text: str, phrases: Sequence[Phrase] | Sequence[str], *, trigram: bool = False
+) -> bool:
+    """Whether FTS5's own snippet of ``text`` for these phrases (word phrases, or a
+    trigram query's quoted tokens) stays bounded: at most EXACT_INSTANCES instances."""
+    return not _Finder(text, phrases, trigram).more_than(EXACT_INSTANCES)
+
+
+def bounded_word_snippet(
+    text: str,
+    phrases: Sequence[Phrase],
+    *,
+    near: Sequence[Near] = (),
+    groups: Sequence[Group] | None = None,
+    tokens: int = 40,
+    start: str = ">>>",
+    end: str = "<<<",
+    ellipsis: str = "...",
+) -> str:
+    """A snippet of bounded cost for any text: FTS5's snippet of a window of it.
+
+    The window is WINDOW_CHARS characters of ``text`` from WINDOW_BEFORE before the first
+    instance of a marked phrase (every phrase, or with ``groups`` those of the groups'
+    operands; without any instance, from the start), less a token an edge cuts. It is
+    snippeted as if it were the whole text, each marked phrase marked wherever it occurs
+    in it (NEAR groups trimmed within it), with ``ellipsis`` where it cuts the text.
+    """
+    marked = _marked(len(phrases), groups)
+    begin, finish = _window(text, _Finder(text, phrases, False).first(marked), words=True)
+    window = text[begin:finish]
+    doc, lists, sizes, _partial = _word_instances(window, phrases, near)
+    lists = [positions if i in marked else [] for i, positions in enumerate(lists)]
+    cut = (begin > 0, finish < len(text))
+    return _snippet(window, doc, lists, sizes, tokens, (start, end, ellipsis), cut)
+
+
+def bounded_trigram_snippet(
+    text: str,
+    substrings: Sequence[str],
+    *,
+    groups: Sequence[Group] | None = None,
+    tokens: int = 40,
+    start: str = ">>>",
+    end: str = "<<<",
+    ellipsis: str = "...",
+) -> str:
+    """:func:`bounded_word_snippet` for a trigram query (a window of characters: every
+    trigram in it is whole)."""
+    marked = _marked(len(substrings), groups)
+    begin, finish = _window(text, _Finder(text, substrings, True).first(marked), words=False)
+    window = text[begin:finish]
+    doc = _trigram_tokens(window)
+    grams = [token.text for token in doc]
+    lists = [
+        _positions(grams, [(token.text, False) for token in _trigram_tokens(sub)])
+        if i in marked
+        else []
+        for i, sub in enumerate(substrings)
+    ]
+    sizes = [len(_trigram_tokens(sub)) for sub in substrings]
+    cut = (begin > 0, finish < len(text))
+    return _snippet(window, doc, lists, sizes, tokens, (start, end, ellipsis), cut)

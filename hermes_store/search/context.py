@@ -7,8 +7,9 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypedDict
 
-from sqlalchemy import bindparam, select, tuple_
+from sqlalchemy import and_, bindparam, case, func, select, tuple_
 
+from hermes_store.models import to_server_text
 from hermes_store.prepared import Prepared
 from hermes_store.search.schema import _messages
 
@@ -52,19 +53,49 @@ _next_id = (
     .scalar_subquery()
 )
 _windows = _target.join(_window_row, _window_row.c.id.in_([_target.c.id, _previous_id, _next_id]))
-CONTEXT_WINDOWS = (
-    select(_target.c.id, _window_row.c.role, _window_row.c.content)
-    .select_from(_windows)
-    .where(_target.c.id.in_(bindparam("ids", expanding=True)))
-    .order_by(_target.c.id, _window_row.c.timestamp, _window_row.c.id)
-)
 #: The ids of every message in the context windows of hits ``ids`` (the hits included).
 CONTEXT_WINDOW_IDS = (
     select(_window_row.c.id)
     .select_from(_windows)
     .where(_target.c.id.in_(bindparam("ids", expanding=True)))
 )
-_CONTEXT_WINDOWS = Prepared.of(CONTEXT_WINDOWS)
+
+
+def _windows_of(content: Any) -> Any:
+    """The context windows of hits ``ids``, each row's content as ``content`` selects it."""
+    return (
+        select(_target.c.id, _window_row.c.role, content.label("content"))
+        .select_from(_windows)
+        .where(_target.c.id.in_(bindparam("ids", expanding=True)))
+        .order_by(_target.c.id, _window_row.c.timestamp, _window_row.c.id)
+    )
+
+
+# A context entry shows CONTEXT_CHARS characters: plain text is cut in SQL (a 10 MB tool
+# output costs no copy); content stored as JSON (NUL + "json:") is read whole, to decode.
+_content = _window_row.c.content
+#: SQLite: its substr() stops at a NUL, so a text with one in its first CONTEXT_CHARS
+#: characters (JSON content starts with one) is read whole; one shorter than that, too.
+_cut = func.substr(_content, 1, CONTEXT_CHARS)
+_CONTEXT_WINDOWS = Prepared.of(
+    _windows_of(
+        case(
+            (and_(func.typeof(_content) == "text", func.length(_cut) == CONTEXT_CHARS), _cut),
+            else_=_content,
+        )
+    )
+)
+#: PostgreSQL (hermes_store.models.to_server_text: a NUL is stored as U+FFFE there, and a
+#: character of its codes as three): the characters that hold the first CONTEXT_CHARS.
+CONTEXT_WINDOWS = _windows_of(
+    case(
+        (
+            func.left(_content, len(CONTENT_JSON_PREFIX)) == to_server_text(CONTENT_JSON_PREFIX),
+            _content,
+        ),
+        else_=func.substr(_content, 1, 3 * CONTEXT_CHARS),
+    )
+)
 
 
 class ContextMessage(TypedDict):

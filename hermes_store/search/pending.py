@@ -207,17 +207,37 @@ def _match_apart(route: _Route, rows: list[tuple[int, str]]) -> list[tuple[int, 
     it works even in a transaction where a damaged index made FTS5 fail (SQLite then
     refuses to create another FTS5 table until that transaction ends).
     """
+    from hermes_store.search.sqlite import _cheap_bytes, _snippets_of  # imports this module
+
     assert route.index is not None
+    snippet = f"snippet({_PENDING_TABLE}, 0, '>>>', '<<<', '...', 40)"
     with contextlib.closing(sqlite3.connect(":memory:")) as apart:
         apart.execute(
             f"CREATE VIRTUAL TABLE {_PENDING_TABLE} USING fts5(content{_TOKENIZERS[route.index]})"
         )
         apart.executemany(f"INSERT INTO {_PENDING_TABLE}(rowid, content) VALUES (?, ?)", rows)
-        return apart.execute(
-            f"SELECT rowid, rank, snippet({_PENDING_TABLE}, 0, '>>>', '<<<', '...', 40) "
+        # FTS5's snippet where it is cheap whatever the text; the longer ones after it, as
+        # the search statement's (hermes_store.search.sqlite._snippets_of).
+        matched = apart.execute(
+            f"SELECT rowid, rank, CASE WHEN length(CAST(content AS BLOB)) <= ? THEN {snippet} END "
             f"FROM {_PENDING_TABLE} WHERE {_PENDING_TABLE} MATCH ?",
-            (route.match,),
+            (_cheap_bytes(route), route.match),
         ).fetchall()
+        texts = {
+            rowid: text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+            for rowid, text in rows
+        }
+        longer = {rowid: texts[rowid] for rowid, _rank, text in matched if text is None}
+
+        def fts5_snippets(ids: list[int]) -> list[Any]:
+            return apart.execute(
+                f"SELECT rowid, {snippet} FROM {_PENDING_TABLE} WHERE {_PENDING_TABLE} MATCH ? "
+                f"AND rowid IN ({', '.join('?' * len(ids))})",
+                (route.match, *ids),
+            ).fetchall()
+
+        snippets = _snippets_of(route, longer, fts5_snippets)
+        return [(rowid, rank, snippets.get(rowid, text)) for rowid, rank, text in matched]
 
 
 def _scan_hits(

@@ -15,17 +15,22 @@ exactly those expressions, so the planner can use those indexes.
 - LIKE scan (1-2 CJK characters): the contract's per-column LIKE, with SQLite's
   ASCII-only case folding, without the visibility filter (the legacy quirk).
 
-Rank is ``ts_rank_cd`` (word path) or pg_trgm's ``similarity`` (trigram path), higher first,
-not FTS5's BM25; ties go to the lower id. Only the newest RANK_WINDOW matches are ranked;
-older ones follow them, newest first. Snippets are made in Python from the indexed text
-of the page's hits (:mod:`hermes_store.fts5_snippet`). README, "Search on PostgreSQL",
-lists every difference from SQLite.
+The word and trigram paths find their matches first, alone (a materialised CTE), with the
+planner held to a bitmap scan of the search index (_BY_INDEX): it takes the index
+expression for cheap and would rather re-tokenise every row. Rank is ``ts_rank_cd`` (word
+path) or pg_trgm's ``similarity`` (trigram path), higher first, not FTS5's BM25; ties go
+to the lower id. Only the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES are
+ranked; older ones follow them, newest first. Snippets are made in Python from the indexed
+text of the page's hits (:mod:`hermes_store.fts5_snippet`), bounded past
+SNIPPET_EXACT_BYTES or EXACT_INSTANCES. README, "Search on PostgreSQL", lists every
+difference from SQLite.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -49,7 +54,13 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store.errors import SearchFailed
-from hermes_store.fts5_snippet import trigram_snippet, word_snippet
+from hermes_store.fts5_snippet import (
+    bounded_trigram_snippet,
+    bounded_word_snippet,
+    exact_is_bounded,
+    trigram_snippet,
+    word_snippet,
+)
 from hermes_store.models import SERVER_ESCAPE, SERVER_NUL, from_server_text, to_server_text
 from hermes_store.search.context import CONTEXT_WINDOWS, SearchHit, SearchResults, contexts_of
 from hermes_store.search.query import (
@@ -89,6 +100,11 @@ SNIPPET_TOKENS = 40
 LIKE_SNIPPET_BEFORE = 40
 LIKE_SNIPPET_LENGTH = 120
 SNIPPET_MARKS = {"start": ">>>", "end": "<<<", "ellipsis": "..."}
+#: A hit's snippet is FTS5's (reproduced in Python) when its indexed text is at most this
+#: many bytes and holds at most fts5_snippet.EXACT_INSTANCES instances of the query's
+#: phrases; otherwise bounded, as on SQLite past its own (larger) limit: the Python
+#: tokenizer costs about 1 ms per 4 KB, FTS5's C nothing like it.
+SNIPPET_EXACT_BYTES = 64 * 1024
 #: Up to this NEAR distance a two-phrase NEAR group is translated exactly (an OR of the
 #: ``<N>`` distances, both orders); beyond, and for three phrases or more, as the AND of
 #: its phrases, a superset (see README, "Search on PostgreSQL").
@@ -291,11 +307,32 @@ def _select(condition: ColumnElement[bool], filters: _Filters, *, visibility: bo
 
 
 Rank = Callable[[ColumnElement[str]], ColumnElement[float]]
-#: How many of a query's matches (the newest) are ranked when the order is by rank. Rank
-#: needs each row's text tokenised again (the text is stored once; no tsvector is kept):
-#: about half a millisecond a message here, so ranking every match of a common word of a
-#: large store would take seconds. Within the window the order is exact.
+#: How many of a query's matches (the newest) are ranked when the order is by rank, and
+#: how many bytes of indexed text they may hold in all. Rank needs each row's text
+#: tokenised again (the text is stored once; no tsvector is kept): about half a
+#: millisecond a message here, 0.3 s a megabyte, so ranking every match of a common word
+#: of a large store, or a few huge messages, would take seconds. Within the window the
+#: order is exact.
 RANK_WINDOW = 200
+RANK_WINDOW_BYTES = 1024 * 1024
+
+
+def _bytes(columns: Any = _m.c) -> ColumnElement[int]:
+    """The bytes of a row's indexed text, less its two separators (read from each value's
+    header: nothing is decompressed)."""
+    return sum(
+        (func.coalesce(func.octet_length(c), 0) for c in (columns.content, columns.tool_name)),
+        func.coalesce(func.octet_length(columns.tool_calls), 0),
+    )
+
+
+def _matched(condition: ColumnElement[bool]) -> ColumnElement[bool]:
+    """``condition`` as the ids it selects, found first, alone (a materialised CTE): with
+    no other condition beside it the planner can only answer it from the search index
+    (_BY_INDEX), and no other index (the visibility filter's) leads it to re-tokenise the
+    rows that one selects."""
+    matched = select(_m.c.id).where(condition).cte("matched").prefix_with("MATERIALIZED")
+    return _m.c.id.in_(select(matched.c.id))
 
 
 def _ranked(
@@ -307,31 +344,42 @@ def _ranked(
 ) -> tuple[Any, dict[str, Any]]:
     """The hits in the contract's order (rank higher first, then the lower id), one page.
 
-    Rank needs each row's text tokenised again (nothing is stored): ordered by rank, every
-    hit pays it; ordered by time, only the rows of the page's timestamps do (the first
-    limit + offset hits by time, ties included, are ranked; then the page is cut).
+    Rank needs each row's text tokenised again (nothing is stored): ordered by rank, the
+    hits of the window pay it; ordered by time, only the rows of the page whose timestamp
+    another match shares (the first limit + offset hits by time, ties included, are read;
+    then the page is cut).
     """
     limit, offset = page
+    condition = _matched(condition)
     if sort not in ("newest", "oldest"):
-        # Ranked: the RANK_WINDOW newest matches (a sort of ids only, no text), by rank;
-        # older matches after them, newest first. CASE evaluates the rank of those rows only.
+        # Ranked: the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES (a sort of
+        # ids and sizes only, no text), by rank; older matches after them, newest first.
+        # CASE evaluates the rank of those rows only.
+        newest = _m.c.id.desc()
         statement = _select(condition, filters, visibility=True).add_columns(
             _m.c.content,
             _m.c.tool_name,
             _m.c.tool_calls,
-            func.row_number().over(order_by=_m.c.id.desc()).label("recency"),
+            func.row_number().over(order_by=newest).label("recency"),
+            func.sum(_bytes()).over(order_by=newest, rows=(None, 0)).label("volume"),
         )
         hits = statement.subquery("hits")
-        in_window = hits.c.recency <= bindparam("rank_window", type_=Integer)
+        in_window = and_(
+            hits.c.recency <= bindparam("rank_window", type_=Integer),
+            hits.c.volume <= bindparam("rank_bytes", type_=Integer),
+        )
         windowed = case((in_window, rank_of(_document(hits.c))), else_=null())
         outer = select(hits.c.id, *(hits.c[key] for key in _RESULT_KEYS)).order_by(
             windowed.desc().nulls_last(), case((in_window, hits.c.id), else_=-hits.c.id)
         )
         outer, values = _paged(outer, page)
-        return outer, {**values, "rank_window": RANK_WINDOW}
+        return outer, {**values, "rank_window": RANK_WINDOW, "rank_bytes": RANK_WINDOW_BYTES}
     by_time = _m.c.timestamp.desc() if sort == "newest" else _m.c.timestamp.asc()
     statement = _select(condition, filters, visibility=True).add_columns(
-        _m.c.content, _m.c.tool_name, _m.c.tool_calls
+        _m.c.content,
+        _m.c.tool_name,
+        _m.c.tool_calls,
+        func.count().over(partition_by=_m.c.timestamp).label("ties"),
     )
     window: dict[str, Any] = {}
     if limit >= 0:
@@ -340,7 +388,7 @@ def _ranked(
         )
         window["window"] = limit + max(offset, 0)
     hits = statement.subquery("hits")
-    rank = rank_of(_document(hits.c))
+    rank = case((hits.c.ties > 1, rank_of(_document(hits.c))), else_=null())
     in_time = hits.c.timestamp.desc() if sort == "newest" else hits.c.timestamp.asc()
     outer = select(hits.c.id, *(hits.c[key] for key in _RESULT_KEYS)).order_by(
         in_time, rank.desc(), hits.c.id
@@ -443,6 +491,29 @@ def _rows(conn: Connection, statement: Any, values: dict[str, Any]) -> list[dict
         return None
 
 
+#: The planner's own settings for one statement: no sequential or plain index scan, so the
+#: matches come from a bitmap scan of the search index. The planner takes the cost of the
+#: index expression (tokenising a text) for a few operators' worth: for a common term
+#: (`e*` matches most messages) it would rather re-tokenise every row (5 s at 20k
+#: messages) than read the index (0.3 s); the functions' costs are the revision's.
+_BY_INDEX = select(
+    func.set_config("enable_seqscan", "off", True),
+    func.set_config("enable_indexscan", "off", True),
+)
+
+
+@contextlib.contextmanager
+def _by_index(conn: Connection) -> Iterator[None]:
+    """Plan the statements run inside with _BY_INDEX; the settings end with the block (a
+    savepoint rolled back: a search writes nothing)."""
+    savepoint = conn.begin_nested()
+    try:
+        conn.execute(_BY_INDEX)
+        yield
+    finally:
+        savepoint.rollback()
+
+
 #: SQLSTATEs of a query the server refuses for what it says: a data exception (class 22),
 #: a syntax error (a tsquery that does not parse), a limit exceeded (class 54).
 _REJECTED = ("22", "42601", "54")
@@ -485,6 +556,14 @@ def _search_failed(what: str) -> SearchFailed:
     )
 
 
+def _exact(text: str, phrases: Sequence[Any], *, trigram: bool) -> bool:
+    """Whether a hit's snippet is FTS5's own (SNIPPET_EXACT_BYTES), not a bounded one."""
+    size = (
+        len(text) if len(text) > SNIPPET_EXACT_BYTES else len(text.encode("utf-8", "surrogatepass"))
+    )
+    return size <= SNIPPET_EXACT_BYTES and (exact_is_bounded(text, phrases, trigram=trigram))
+
+
 def _documents(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
     """The indexed text of the page's hits, as the data layer gives text (NUL as NUL)."""
     statement = select(_m.c.id, _document()).where(_m.c.id.in_(bindparam("ids", expanding=True)))
@@ -507,12 +586,14 @@ def search(
         if isinstance(tree, Nothing):
             return SearchResults()
         highlight = highlight_of(parse_query(route.match))
-        rows = _rows(conn, *word_statement(tree, filters, sort, page))
+        with _by_index(conn):
+            rows = _rows(conn, *word_statement(tree, filters, sort, page))
         if rows is None:
             return SearchResults(query_error=_not_searchable(conn, tree))
 
         def snippets(text: str) -> str:
-            return word_snippet(
+            exact = _exact(text, highlight.phrases, trigram=False)
+            return (word_snippet if exact else bounded_word_snippet)(
                 text,
                 highlight.phrases,
                 near=highlight.near,
@@ -533,10 +614,12 @@ def search(
             if tree is not None:
                 marks = highlight_of(parse_query(route.match, trigram=True))
                 substrings = [phrase[0][0] for phrase in marks.phrases]
-                rows = _rows(conn, *trigram_statement(tree, route, filters, sort, page))
+                with _by_index(conn):
+                    rows = _rows(conn, *trigram_statement(tree, route, filters, sort, page))
 
                 def snippets(text: str) -> str:
-                    return trigram_snippet(
+                    exact = _exact(text, substrings, trigram=True)
+                    return (trigram_snippet if exact else bounded_trigram_snippet)(
                         text,
                         substrings,
                         groups=marks.groups,

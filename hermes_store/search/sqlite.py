@@ -1,4 +1,9 @@
-"""The search statements on SQLite: FTS5 MATCH on the word and trigram indexes, the LIKE scan."""
+"""The search statements on SQLite: FTS5 MATCH on the word and trigram indexes, the LIKE scan.
+
+Snippets are FTS5's own up to SNIPPET_EXACT_BYTES and fts5_snippet.EXACT_INSTANCES (the
+search statement makes those that are cheap whatever the text, _bounded_snippets the
+others after it); past them, bounded (:mod:`hermes_store.fts5_snippet`).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import logging
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -21,6 +26,7 @@ from sqlalchemy import (
     Select,
     String,
     bindparam,
+    case,
     column,
     func,
     literal_column,
@@ -32,7 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store import fts
+from hermes_store import fts, fts5_snippet
 from hermes_store.prepared import Driver, Prepared
 from hermes_store.search.context import CONTEXT_WINDOW_IDS, _chunks
 from hermes_store.search.pending import (
@@ -44,12 +50,17 @@ from hermes_store.search.pending import (
 )
 from hermes_store.search.query import (
     _ASCII_LOWER,
+    MAX_SEARCH_TERMS,
     TRIGRAM_INDEX,
     WORD_INDEX,
+    Highlight,
+    QuerySyntaxError,
     _escape_like,
     _reduced,
     _Route,
     _route,
+    highlight_of,
+    parse_query,
     sanitize_query,
 )
 from hermes_store.search.schema import (
@@ -73,6 +84,12 @@ _OWN_TABLES = {WORD_INDEX: WORD_INDEX, TRIGRAM_INDEX: TRIGRAM_INDEX}
 SQL_LIKE_TOKENS = 4
 #: How the LIKE scan tests more than SQL_LIKE_TOKENS tokens without a Python function.
 _JSON_PATTERNS = "json_each"
+#: A hit's snippet is FTS5's own snippet() when its indexed text is at most this many bytes
+#: and holds at most fts5_snippet.EXACT_INSTANCES instances of the query's phrases (FTS5's
+#: time grows with their square); otherwise a bounded one (fts5_snippet.bounded_*). README,
+#: "Search", says where the two differ.
+SNIPPET_EXACT_BYTES = 256 * 1024
+_SNIPPET = "snippet({}, 0, '>>>', '<<<', '...', 40)"
 
 
 @dataclass(frozen=True)
@@ -106,7 +123,13 @@ def _statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
     """The search statement of a shape, its values left as named parameters."""
     if shape.table is not None:
         index = table(shape.table, column("rowid", Integer), column("rank", Float))
-        snippet = literal_column(f"snippet({shape.table}, 0, '>>>', '<<<', '...', 40)", String)
+        snippet: ColumnElement[Any] = literal_column(_SNIPPET.format(shape.table), String)
+        if shape.page:  # FTS5's snippet where it is cheap whatever the text; the others after
+            size: ColumnElement[Any] = sum(
+                (func.coalesce(func.length(c.cast(LargeBinary)), 0) for c in _TEXT_COLUMNS),
+                literal_column("2"),  # the separators
+            )
+            snippet = case((size <= bindparam("snippet_bytes", type_=Integer), snippet))
         columns: list[Any] = [_m.c.id]
         if shape.rank:
             columns.append(index.c.rank.label("rank"))
@@ -206,6 +229,8 @@ def _shape_and_values(
     values = filters.values()
     if route.index is not None:
         values["match"] = route.match
+        if page:
+            values["snippet_bytes"] = _cheap_bytes(route)
         given = filters.given(visibility=True)
         return _Shape(tables[route.index], given, rank, page, sort), values
     tokens = _reduced(route.like_tokens)
@@ -340,6 +365,7 @@ def _fetch_hits(
             keys = ("id", *(("rank",) if shape.rank else ()), "snippet", *_RESULT_KEYS)
             sql, params = _prepared(shape).bind(values)
             rows = [dict(zip(keys, row, strict=True)) for row in on.rows(sql, params)]
+            _bounded_snippets(on, route, shape, rows)
         if bounds is not None:
             extra = _pending_hits(on.connection(), route, filters, bounds)
             rows = _merge_pending(rows, extra, sort, *page)
@@ -510,6 +536,117 @@ def _is_utf8(data: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+# -- snippets of bounded cost --------------------------------------------------------------
+
+
+_TEXT_COLUMNS = (_m.c.content, _m.c.tool_name, _m.c.tool_calls)
+
+
+def _indexed_text() -> ColumnElement[Any]:
+    """What the index holds of a message (the view `messages_fts_source`'s expression)."""
+    return (
+        func.coalesce(_m.c.content, "")
+        .concat(" ")
+        .concat(func.coalesce(_m.c.tool_name, ""))
+        .concat(" ")
+        .concat(func.coalesce(_m.c.tool_calls, ""))
+    )
+
+
+@functools.cache
+def _prepared_texts() -> Prepared:
+    """The indexed text of the hits ``ids``, as bytes (a text need not be valid UTF-8)."""
+    return Prepared.of(
+        select(_m.c.id, _indexed_text().cast(LargeBinary)).where(
+            _m.c.id.in_(bindparam("ids", expanding=True))
+        )
+    )
+
+
+def _marks(route: _Route) -> Highlight | None:
+    """What the route's snippets mark (None when the parser cannot tell: FTS5 decides)."""
+    try:
+        return highlight_of(parse_query(route.match, trigram=route.index == TRIGRAM_INDEX))
+    except QuerySyntaxError:
+        return None
+
+
+def _cheap_bytes(route: _Route) -> int:
+    """The indexed texts whose FTS5 snippet the search statement computes: those too short
+    to hold more than EXACT_INSTANCES instances of the query's phrases (at most one per
+    phrase a token; a word token and its separator take two bytes, a trigram one)."""
+    marks = _marks(route)
+    phrases = max(len(marks.phrases) if marks else MAX_SEARCH_TERMS, 1)
+    bytes_per_token = 1 if route.index == TRIGRAM_INDEX else 2
+    return fts5_snippet.EXACT_INSTANCES * bytes_per_token // phrases - 1
+
+
+def _bounded_snippets(
+    on: _Runner, route: _Route, shape: _Shape, rows: list[dict[str, Any]]
+) -> None:
+    """Fill in the snippets the search statement left out (longer texts)."""
+    if shape.table is None or not shape.page:
+        return
+    pending = [row["id"] for row in rows if row["snippet"] is None]
+    if not pending:
+        return
+    texts: dict[int, Any] = dict(
+        on.rows(*_prepared_texts().bind({"ids": pending}))  # type: ignore[arg-type]
+    )
+
+    def fts5_snippets(ids: list[int]) -> Iterable[Sequence[Any]]:
+        # `+rowid`: one MATCH over the index, the ids a filter on it; FTS5 given the ids
+        # as constraints would evaluate the query again for each (a prefix expanded anew).
+        return on.rows(
+            f"SELECT rowid, {_SNIPPET.format(shape.table)} FROM {shape.table} "
+            f"WHERE {shape.table} MATCH ? AND +rowid IN ({', '.join('?' * len(ids))})",
+            [route.match, *ids],
+        )
+
+    snippets = _snippets_of(route, texts, fts5_snippets)
+    for row in rows:
+        if row["id"] in snippets:
+            row["snippet"] = snippets[row["id"]]
+
+
+def _snippets_of(
+    route: _Route,
+    texts: Mapping[int, object],
+    fts5_snippets: Callable[[list[int]], Iterable[Sequence[Any]]],
+) -> dict[int, str]:
+    """The snippets of the texts (id -> indexed text, as bytes) longer than _cheap_bytes:
+    FTS5's own where it stays cheap (SNIPPET_EXACT_BYTES, EXACT_INSTANCES), asked of
+    ``fts5_snippets`` (ids -> (id, snippet) rows); the others bounded."""
+    marks = _marks(route)
+    trigram = route.index == TRIGRAM_INDEX
+    phrases: list[Any] = []
+    if marks is not None:
+        phrases = [phrase[0][0] for phrase in marks.phrases] if trigram else list(marks.phrases)
+    cheap = _cheap_bytes(route)
+    exact: list[int] = []
+    snippets: dict[int, str] = {}
+    for hit_id, data in texts.items():
+        if not isinstance(data, bytes) or len(data) <= cheap:
+            continue  # a NULL text's snippet, or one FTS5 made
+        text = data.decode("utf-8", "replace")
+        if marks is None or (
+            len(data) <= SNIPPET_EXACT_BYTES
+            and fts5_snippet.exact_is_bounded(text, phrases, trigram=trigram)
+        ):
+            exact.append(hit_id)
+        elif trigram:
+            snippets[hit_id] = fts5_snippet.bounded_trigram_snippet(
+                text, phrases, groups=marks.groups
+            )
+        else:
+            snippets[hit_id] = fts5_snippet.bounded_word_snippet(
+                text, phrases, near=marks.near, groups=marks.groups
+            )
+    if exact:
+        snippets.update((int(row[0]), row[1]) for row in fts5_snippets(exact))
+    return snippets
 
 
 # -- where a search's statements run ---------------------------------------------------
