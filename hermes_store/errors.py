@@ -84,3 +84,12 @@ class ServerUnavailable(StoreError):
 
 class NotOnThisDatabase(StoreError):
     """The command means something only on SQLite (or only on a server database)."""
+
+
+class UnknownRevision(StoreError):
+    """A revision name this package does not have (`hermes-store history` lists them)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Work stopped by Ctrl-C; the message says what was kept, what is left and what
+    command finishes it. Still a KeyboardInterrupt, so callers that stop on one still do."""
