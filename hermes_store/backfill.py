@@ -29,6 +29,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import OperationalError
 
 from hermes_store.engine import BEGIN_OPTION, joined_transaction
+from hermes_store.errors import Interrupted
 from hermes_store.fts import (
     INDEXES,
     SOURCE_VIEW,
@@ -41,6 +42,7 @@ from hermes_store.fts import (
     staged_indexes,
     staged_name,
 )
+from hermes_store.progress import Phase, Report
 from hermes_store.revisions import fts_conversion, fts_head
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,8 @@ class BackfillProgress:
     #: WAL checkpoints run between steps (they do not hold the write lock).
     checkpoint_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+    #: What the last step did: "indexing", "merging", "swapping in", "freeing <table>".
+    phase: str = "indexing"
 
     @property
     def eta_seconds(self) -> float | None:
@@ -256,6 +260,58 @@ def run(
         started = {item.index: rows_left(conn, item) for item in pending(conn)}
         stale = has_change_log(conn)
     report = BackfillProgress(rows_total=max(started.values(), default=0))
+    try:
+        _run_steps(writer, report, started, stale, chunk_rows, max_lock_ms, duty, progress, sleep)
+    except KeyboardInterrupt as exc:
+        raise Interrupted(_interrupted(engine, report)) from exc
+    log.info(
+        "backfill done: %d rows in %d chunks, longest lock %.1f ms, %.1f s locked, "
+        "%.1f s checkpointing",
+        report.rows_done,
+        report.chunks,
+        report.longest_lock * 1000,
+        report.lock_seconds,
+        report.checkpoint_seconds,
+    )
+    return report
+
+
+def _interrupted(engine: Engine, report: BackfillProgress) -> str:
+    """What an interrupted backfill leaves, read from the store afterwards."""
+    with engine.connect() as conn:
+        to_index = sum(rows_left(conn, item) for item in pending(conn))
+        to_free = sum(retired_rows(conn, name) for name in retired_indexes(conn))
+        unmerged = merging(conn) or list(staged_indexes(conn))
+    left = []
+    if to_index:
+        left.append(f"{to_index:,} rows left to index")
+    if unmerged:
+        left.append(f"{', '.join(unmerged)} to merge and swap in")
+    if to_free:
+        left.append(f"{to_free:,} rows of swapped-out indexes and set-aside copies to free")
+    return (
+        f"interrupted while {report.phase}: that step was rolled back, every finished one is "
+        f"kept ({report.rows_done:,} rows indexed and {report.chunks} steps done by this run); "
+        + (
+            f"{'; '.join(left)}: run `hermes-store optimize-storage` to resume"
+            if left
+            else "nothing is left to do"
+        )
+    )
+
+
+def _run_steps(
+    writer: Engine,
+    report: BackfillProgress,
+    started: dict[str, int],
+    stale: bool,
+    chunk_rows: int,
+    max_lock_ms: float,
+    duty: float,
+    progress: Callable[[BackfillProgress], None] | None,
+    sleep: Callable[[float], None],
+) -> None:
+    """The steps of :func:`run`, until none is left."""
     # Start small and let next_size find the byte budget that fits in max_lock_ms.
     sizes = dict.fromkeys(_fillable(), FIRST_CHUNK_BYTES)
     pages = dict.fromkeys(_fillable(), MERGE_PAGES)
@@ -280,6 +336,7 @@ def run(
                 todo = pending(conn)
                 if todo and turn % 2 == 0:
                     item = todo[(turn // 2) % len(todo)]
+                    report.phase = f"indexing {item.index}"
                     if not filled[item.index]:  # no crisis merge inside a chunk, ever
                         _configure(conn, item.index, "crisismerge", FILL_CRISISMERGE)
                         _configure(conn, item.index, "usermerge", FILL_USERMERGE)
@@ -288,20 +345,24 @@ def run(
                     adapt, limits, key, done = sizes, MAX_CHUNK_BYTES, item.index, size
                 elif todo:  # merge the segments the fill writes as it goes, in bounded steps
                     key = todo[(turn // 2) % len(todo)].index
+                    report.phase = f"merging {key}"
                     done = _merge_step(conn, key, pages[key])
                     adapt, limits = pages, MERGE_PAGES * 64
                 elif indexes := merging(conn):
                     key = indexes[turn % len(indexes)]
+                    report.phase = f"merging {key}"
                     done = _merge_step(conn, key, pages[key])
                     if done < 2:
                         _finish_merge(conn, key)
                     adapt, limits = pages, MERGE_PAGES * 64
                 elif staged := staged_indexes(conn):  # filled and merged: swap it in
                     key = next(iter(staged))
+                    report.phase = f"swapping {staged[key]} in for {key}"
                     done = swap_in(conn, key)
                     adapt, limits = {key: 1}, 1
                 elif retired := retired_indexes(conn):  # free the swapped-out index's pages
                     key = retired[0]
+                    report.phase = f"freeing {key}"
                     retire_rows.setdefault(key, FIRST_RETIRE_ROWS)
                     done = retire_step(conn, key, retire_rows[key])
                     adapt, limits = retire_rows, MAX_RETIRE_ROWS
@@ -325,16 +386,6 @@ def run(
             if pause > 0:
                 report.paused_seconds += pause
                 sleep(pause)
-    log.info(
-        "backfill done: %d rows in %d chunks, longest lock %.1f ms, %.1f s locked, "
-        "%.1f s checkpointing",
-        report.rows_done,
-        report.chunks,
-        report.longest_lock * 1000,
-        report.lock_seconds,
-        report.checkpoint_seconds,
-    )
-    return report
 
 
 def remove_stale_change_log(conn: Connection) -> bool:
@@ -452,6 +503,28 @@ def _retire_rows(conn: Connection, retired: str, rows: int, declaration: str) ->
     return deleted
 
 
+def retired_tables(conn: Connection, retired: str) -> list[str]:
+    """The tables whose rows :func:`retire_step` deletes for a retired index or copy."""
+    declaration = conn.execute(
+        text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :t"), {"t": retired}
+    ).scalar()
+    if declaration is None:
+        return []
+    if not str(declaration).upper().startswith("CREATE VIRTUAL"):
+        return [retired]
+    parts = (retired + suffix for suffix, _key, _where in _SHADOW_PARTS)
+    return [table for table in parts if _exists(conn, table)]
+
+
+def retired_rows(conn: Connection, retired: str) -> int:
+    """The rows a retired index or set-aside copy still holds (each is read: a scan of
+    what is left, as long as freeing it takes to read)."""
+    return sum(
+        int(conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one())
+        for table in retired_tables(conn, retired)
+    )
+
+
 def _exists(conn: Connection, name: str) -> bool:
     """Whether the schema has an object of that name."""
     found = conn.execute(text("SELECT 1 FROM sqlite_master WHERE name = :n"), {"n": name})
@@ -464,24 +537,31 @@ def drop_retired(
     max_lock_ms: float = DEFAULT_MAX_LOCK_MS,
     duty: float = DEFAULT_DUTY,
     sleep: Callable[[float], None] = time.sleep,
+    progress: Report | None = None,
 ) -> list[float]:
     """Free the pages of every retired index and set-aside copy in short write transactions.
 
     Each step deletes a number of rows sized to hold the write lock for about half of
     `max_lock_ms` (see :func:`next_size`), then pauses so that the agent's writes get in.
     Safe to interrupt: each step is one transaction, and the next run goes on. Returns how
-    long each step held the lock, in seconds.
+    long each step held the lock, in seconds. ``progress`` is told the rows freed of each
+    (counted first, one read of what is to free).
     """
     locks: list[float] = []
     with joined_transaction(conn):
         names = retired_indexes(conn)
+        totals = {name: retired_rows(conn, name) for name in names} if progress else {}
     for name in names:
-        rows = FIRST_RETIRE_ROWS
+        rows, freed = FIRST_RETIRE_ROWS, 0
         while True:
+            if progress is not None:
+                total = totals[name]
+                progress(Phase("free", f"freeing {name}", min(freed, total), total, "rows", name))
             with begin_writing(conn):
                 started = time.perf_counter()
                 deleted = retire_step(conn, name, rows)
             locks.append(time.perf_counter() - started)
+            freed += deleted
             if deleted < rows:
                 break
             rows = next_size(rows, locks[-1] * 1000, max_lock_ms, MAX_RETIRE_ROWS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sqlite3
 import sys
 import tempfile
@@ -15,11 +16,15 @@ from typing import Any, TypeVar
 
 import click
 from alembic.util import CommandError
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    SpinnerColumn,
+    Task,
     TextColumn,
+    TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.text import Text
@@ -43,11 +48,18 @@ from hermes_store.engine import (
     translate_error,
     writable_problem,
 )
-from hermes_store.errors import NotOnThisDatabase, StoreError, StoreNotFound, one_line
+from hermes_store.errors import (
+    Interrupted,
+    NotOnThisDatabase,
+    StoreError,
+    StoreNotFound,
+    one_line,
+)
 from hermes_store.fts import CheckResult
 from hermes_store.maintenance import RepairResult, check_store, repair, store_stats
 from hermes_store.maintenance import optimize as optimize_store
 from hermes_store.output import console, emit_json, emit_records, format_options, say
+from hermes_store.progress import Phase, Report
 from hermes_store.revisions import script_directory
 from hermes_store.search import search_messages
 from hermes_store.server_check import check_server, repair_server, search_index_states
@@ -332,8 +344,10 @@ def upgrade(
     steps run up to --app-version, and the search indexes move to external content (text
     stored once); `schema_version` always names the application schema the store has.
     With --backup, a consistent copy is taken before anything is changed (not for a new,
-    empty store: there is nothing to copy). Interrupted (Ctrl-C), the revision in progress
-    is rolled back and the store stays at the last one completed.
+    empty store: there is nothing to copy). On a terminal each step shows as it runs.
+    Interrupted (Ctrl-C), the step in progress is rolled back (every revision is a
+    transaction of its own) and the message says what was done, what is left and the
+    command that finishes it.
 
     \b
     Examples:
@@ -352,7 +366,11 @@ def upgrade(
     x = {"fts_convert": "rebuild"} if rebuild_fts else {}
     if deferred_fts:
         x["fts_backfill"] = "deferred"
-    with operator_errors(), _interrupted_upgrade(db):
+    with (
+        operator_errors(),
+        _interrupted_upgrade(db),
+        _phases(_interactive() and not as_json) as show,
+    ):
         store_url(db, create_home=False)
         _refuse_sqlite_upgrade_options(db, backup_to, rebuild_fts, deferred_fts)
         started = time.perf_counter()
@@ -364,6 +382,7 @@ def upgrade(
             backup_to=backup_to,
             overwrite_backup=overwrite_backup,
             create=create,
+            progress=show,
         )
         elapsed = time.perf_counter() - started
     if as_json:
@@ -439,31 +458,94 @@ def _names(revisions: str | Iterable[str] | None) -> str:
 
 @contextlib.contextmanager
 def _interrupted_upgrade(db: str | None) -> Iterator[None]:
-    """Ctrl-C during a migration: say where the store was left, exit 130."""
+    """Ctrl-C during a migration: say what was done and what is left (the library's own
+    account, read from the store after the interrupt), exit 130."""
     try:
-        yield
-    except KeyboardInterrupt:
-        where = "its previous revision"
+        with _interrupted():
+            yield
+    except KeyboardInterrupt:  # outside the library's own account (or a second Ctrl-C)
+        where = "as it was"
         with contextlib.suppress(Exception):
             url, path = store_url(db, create_home=False)
             if is_server(url):
-                where = _server_revision(url)
+                where = f"at {_server_revision(url)}"
             elif path is not None and path.exists():
                 state = migrate.inspect_file(path)
                 where = (
-                    f"revision {state.revision}"
+                    f"at revision {state.revision}"
                     if state.revision
-                    else f"legacy schema {state.legacy_version}"
+                    else f"at legacy schema {state.legacy_version} (unversioned)"
                     if state.legacy_version
-                    else "nothing (no store was created)"
+                    else "empty"
                 )
             else:
-                where = "nothing (no store was created)"
-        click.echo(
-            f"\ninterrupted: the revision in progress was rolled back; the store is at {where}",
-            err=True,
-        )
+                where = "not created"
+        click.echo(f"\ninterrupted: the store is {where}; see `hermes-store current`", err=True)
         sys.exit(130)
+
+
+@contextlib.contextmanager
+def _interrupted() -> Iterator[None]:
+    """Ctrl-C during long work: the library's account of what was kept and what is left
+    (an Interrupted), exit 130."""
+    try:
+        yield
+    except Interrupted as exc:
+        click.echo(f"\n{exc}", err=True)
+        sys.exit(130)
+
+
+class _TimeLeft(TimeRemainingColumn):
+    """The time left, once the phase can be counted (nothing for a spinner)."""
+
+    def render(self, task: Task) -> Text:
+        return Text("") if task.total is None else Text.assemble("eta ", super().render(task))
+
+
+@contextlib.contextmanager
+def _phases(show: bool) -> Iterator[Report | None]:
+    """Long work's phases on stderr when a person watches: a spinner with the phase and its
+    elapsed time, a bar once it can be counted; None (nothing drawn) otherwise."""
+    if not show:
+        yield None
+        return
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=12),
+        TextColumn("{task.fields[count]}"),
+        TimeElapsedColumn(),
+        _TimeLeft(),
+    )
+    # Only ever drawn for a terminal (see _interactive), so drawn as one.
+    screen = Console(file=sys.stderr, force_terminal=True, highlight=False)
+    with Progress(*columns, console=screen, transient=True) as bar:
+        shown: dict[str, Any] = {}
+
+        def report(phase: Phase) -> None:
+            # One line per thing worked on: its description may change (a backfill goes
+            # from indexing to merging and back), its elapsed time goes on.
+            key = (phase.kind, phase.item or phase.label)
+            # Room left for the spinner, the bar, the count and the times.
+            label = _shorten(phase.label, max(20, screen.width - 48))
+            if shown.get("key") != key:
+                if "task" in shown:
+                    bar.remove_task(shown["task"])
+                shown.update(key=key, task=bar.add_task(label, total=None, count=""))
+            if phase.done is not None and phase.total is not None:
+                count = f"{phase.done:,}/{phase.total:,} {phase.unit}".strip()
+                bar.update(
+                    shown["task"],
+                    description=label,
+                    completed=phase.done,
+                    total=phase.total,
+                    count=count,
+                )
+            else:
+                bar.update(shown["task"], description=label)
+            bar.refresh()
+
+        yield report
 
 
 def _server_revision(url: str) -> str:
@@ -477,7 +559,19 @@ def _server_revision(url: str) -> str:
     return f"revision {', '.join(revisions)}" if revisions else "nothing (an empty database)"
 
 
-@main.command()
+class _TakesRelativeRevision(click.Command):
+    """A command whose REVISION may be `-1`, `-3`: read as the argument, not an option."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" not in args:
+            relative = [arg for arg in args if re.fullmatch(r"-\d+", arg)]
+            args = [arg for arg in args if arg not in relative] + (
+                ["--", *relative] if relative else []
+            )
+        return super().parse_args(ctx, args)
+
+
+@main.command(cls=_TakesRelativeRevision)
 @click.argument("revision")
 @db_option
 @backup_options
@@ -498,15 +592,23 @@ def downgrade(
     delete_data: bool,
     as_json: bool,
 ) -> None:
-    """Take a store back to REVISION (an id from `hermes-store history`, or -1).
+    """Take a store back: REVISION is -N (N steps), an id from `hermes-store history`,
+    an application version (17-30), fts@-1 (the search layout only) or base.
 
-    Each revision's downgrade runs in its own transaction. Asks first unless --yes.
-    `base` drops every table: on a store holding conversations it is refused unless
-    --yes --i-know-this-deletes-data are both given. Take a --backup first.
+    One step is the newest revision of the store that changes it, in the order `upgrade`
+    applies them (the application's schema versions, then the search layout): -1 from
+    the head undoes the search layout (the merge revision above it changes nothing and
+    goes with it), -1 again undoes 30, and so on. A revision id or version means what it
+    means to Alembic: every revision that depends on it is undone (from the head, 21
+    leaves 21 and fts1). Asks first, listing what each undone revision gives up, unless
+    --yes. Each revision's downgrade runs in its own transaction. `base` (or every step)
+    drops every table: on a store holding conversations it is refused unless --yes
+    --i-know-this-deletes-data are both given. Take a --backup first.
 
     \b
     Examples:
-      hermes-store downgrade 21 --db state.db --backup ~/state-before-downgrade.db
+      hermes-store downgrade -1 --db state.db --backup ~/state-before-downgrade.db
+      hermes-store downgrade 21 --db state.db      # the application's schema 21
       hermes-store downgrade fts@-1 --db state.db --yes   # search indexes back to inline
     """
     if overwrite_backup and backup_to is None:
@@ -518,31 +620,53 @@ def downgrade(
             refuse_on_server(
                 db, "--backup", "it copies the SQLite file; on PostgreSQL back up with pg_dump"
             )
-        engine = open_existing(db)
-        with engine.connect() as conn:
-            before = migrate.current_revision(conn)
-        engine.dispose()
+        open_existing(db).dispose()
+        plan = migrate.plan_store_downgrade(db, revision)
         url, path = store_url(db, create_home=False)
+        if not plan.undone:
+            if as_json:
+                _emit({"from": _names(plan.before), "to": _names(plan.after), "undone": []})
+            else:
+                say(f"already at {_names(plan.before) or 'base'}: nothing to undo")
+            return
         if not yes:
-            click.confirm(
-                f"Downgrade {path or display_url(url)} from {before or '(unversioned)'} to "
-                f"{revision}?",
-                abort=True,
-            )
-        with _interrupted_upgrade(db):
+            click.confirm(_downgrade_question(str(path or display_url(url)), plan), abort=True)
+        with _interrupted_upgrade(db), _phases(_interactive() and not as_json) as show:
             start, end = migrate.downgrade(
                 db,
                 revision,
                 backup_to=backup_to,
                 overwrite_backup=overwrite_backup,
                 delete_data=delete_data,
+                expect=plan,
+                progress=show,
             )
     if as_json:
-        _emit({"from": start, "to": end, "backup": str(backup_to) if backup_to else None})
+        _emit(
+            {
+                "from": start,
+                "to": end,
+                "backup": str(backup_to) if backup_to else None,
+                "undone": plan.describe(),
+            }
+        )
         return
     say(f"{start} -> {end or 'base'}")
     if backup_to is not None:
         say(f"backup of the store as it was: {backup_to.expanduser().absolute()}")
+
+
+def _downgrade_question(store: str, plan: migrate.DowngradePlan) -> str:
+    """The confirmation: from where to where, then each revision undone, newest first,
+    with what it did and what undoing it gives up."""
+    lines = [
+        f"Downgrade {store} from {_names(plan.before) or 'base'} to "
+        f"{_names(plan.after) or 'base'}? It undoes, newest first:"
+    ]
+    for step in plan.describe():
+        lines.append(f"  {step['revision']}  {step['does'].rstrip('.')}. {step['undoing']}")
+    lines.append("Go on?")
+    return "\n".join(lines)
 
 
 @main.command()
@@ -581,37 +705,48 @@ def stamp(revision: str, db: str | None, as_json: bool) -> None:
 def history(db: str | None, fmt: str) -> None:
     """List the revisions, newest first; with --db, mark the store's own.
 
+    An unversioned (legacy) store is marked at the revision of its legacy schema version,
+    the one `hermes-store upgrade` would adopt it at.
+
     \b
     Example:
       hermes-store history --db state.db
     """
     with operator_errors():
         current: set[str] = set()
+        mark = "current"
         if db is not None or fmt == "text":
             with contextlib.suppress(StoreError):
                 engine = open_existing(db, reading=True)
                 with engine.connect() as conn:
-                    current = set((migrate.current_revision(conn) or "").split(", "))
+                    current = set((migrate.current_revision(conn) or "").split(", ")) - {""}
+                path = None if is_server(str(engine.url)) else db_path(str(engine.url))
                 engine.dispose()
+                state = migrate.inspect_file(path) if path is not None else None
+                if not current and state is not None and state.legacy_version is not None:
+                    current = {str(state.legacy_version)}
+                    mark = (
+                        f"unversioned, legacy schema {state.legacy_version} ~ revision "
+                        f"{state.legacy_version}"
+                    )
         records = [
             {
                 "revision": script.revision,
                 "down_revision": _names(script.down_revision),
                 "branch": ", ".join(sorted(script.branch_labels)),
                 "current": script.revision in current,
+                "store": mark if script.revision in current else "",
                 "head": script.is_head,
                 "description": (script.doc or "").strip().splitlines()[0] if script.doc else "",
             }
             for script in script_directory().walk_revisions()
         ]
-    if fmt == "text":
-        for record in records:
-            record["current"] = "current" if record["current"] else ""
+    shown = ["store"] if fmt == "text" else ["current", "store"]
     emit_records(
         fmt,
         records,
-        ["revision", "down_revision", "branch", "current", "description"],
-        headers={"down_revision": "after", "current": "store"},
+        ["revision", "down_revision", "branch", *shown, "description"],
+        headers={"down_revision": "after"},
         styles={"revision": "bold"},
     )
 
@@ -642,7 +777,10 @@ def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
         status.setdefault(index, {"state": "ready to swap in", "rows_left": 0})
         status[index]["table"] = table
     for table in fts.retired_indexes(conn):
-        status[table] = {"state": "retired, being dropped in steps", "rows_left": 0}
+        status[table] = {
+            "state": "retired, being freed in steps (`hermes-store optimize` frees it)",
+            "rows_left": backfill.retired_rows(conn, table),
+        }
     if backfill.has_change_log(conn):  # see migrate.verify_ahead
         status["upgrade change log"] = {
             "state": "an upgrade is running or was interrupted; optimize, optimize-storage "
@@ -946,11 +1084,10 @@ def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None
             _print_server_optimize(on_server.as_dict(), as_json)
             return
         try:
-            result = optimize_store(
-                engine,
-                vacuum=True if full else False if no_vacuum else None,
-                progress=_progress(_interactive() and not as_json),
-            )
+            with _interrupted(), _phases(_interactive() and not as_json) as show:
+                result = optimize_store(
+                    engine, vacuum=True if full else False if no_vacuum else None, report=show
+                )
         finally:
             engine.dispose()  # its pooled connections keep the -wal open, deleted or not
     if as_json:
@@ -1052,14 +1189,10 @@ def optimize_storage(
                 return
         path = db_path(str(engine.url))
         require_writable(path)
-        try:
-            with sqlite_errors(path), _backfill_bar(show) as bar:
-                report = backfill.run(
-                    engine, chunk_rows=chunk_rows, max_lock_ms=max_lock_ms, duty=duty, progress=bar
-                )
-        except KeyboardInterrupt:
-            click.echo("\ninterrupted: every finished chunk is kept; run again to resume", err=True)
-            sys.exit(130)
+        with _interrupted(), sqlite_errors(path), _backfill_bar(show) as bar:
+            report = backfill.run(
+                engine, chunk_rows=chunk_rows, max_lock_ms=max_lock_ms, duty=duty, progress=bar
+            )
     result = {
         "rows_done": report.rows_done,
         "chunks": report.chunks,
@@ -1105,8 +1238,18 @@ def _rows_bar(show: bool, label: str) -> Iterator[Callable[[int, int | None, str
 @contextlib.contextmanager
 def _backfill_bar(show: bool) -> Iterator[Callable[[backfill.BackfillProgress], None]]:
     """The backfill's progress as a bar of rows."""
-    with _rows_bar(show, "indexing") as draw:
-        yield lambda progress: draw(progress.rows_done, progress.rows_total, "indexing")
+    with _phases(show) as report:
+        if report is None:
+            yield lambda _progress: None
+            return
+        draw = report
+
+        def step(progress: backfill.BackfillProgress) -> None:
+            counted = progress.phase.startswith("indexing") and progress.rows_total > 0
+            done, total = (progress.rows_done, progress.rows_total) if counted else (None, None)
+            draw(Phase("fill", progress.phase, done, total, "rows", item="backfill"))
+
+        yield step
 
 
 @main.command()

@@ -105,3 +105,12 @@ class NotOnThisDatabase(StoreError):
 
 class TextNotStorable(StoreError, ValueError):
     """A text holds a lone surrogate, which no database the store runs on can hold."""
+
+
+class UnknownRevision(StoreError):
+    """A revision name this package does not have (`hermes-store history` lists them)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Work stopped by Ctrl-C; the message says what was kept, what is left and what
+    command finishes it. Still a KeyboardInterrupt, so callers that stop on one still do."""

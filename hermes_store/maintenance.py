@@ -28,7 +28,7 @@ from hermes_store.engine import (
     sqlite_errors,
     translate_error,
 )
-from hermes_store.errors import NotEnoughFreeSpace, StoreError
+from hermes_store.errors import Interrupted, NotEnoughFreeSpace, StoreError
 from hermes_store.fts import (
     DIFFERS,
     INDEXES,
@@ -47,12 +47,13 @@ from hermes_store.fts import (
     segment_count,
     staged_indexes,
 )
+from hermes_store.progress import Phase, Report, Tracker
 from hermes_store.space import Need, require_free, sqlite_temp_dir
 
 log = logging.getLogger(__name__)
 
+#: A callback given one line per phase, for a person.
 Progress = Callable[[str], None]
-
 
 #: The one error of a command refused for lack of space, under the name it had here.
 NotEnoughSpace = NotEnoughFreeSpace
@@ -166,6 +167,7 @@ def optimize(
     *,
     vacuum: bool | None = True,
     progress: Progress | None = None,
+    report: Report | None = None,
 ) -> OptimizeResult:
     """Merge every FTS index, checkpoint the WAL, give free pages back to the file system;
     remove the hidden partial copies killed backups left in the store's directory.
@@ -178,9 +180,45 @@ def optimize(
     incremental merge; not into a single segment), and free pages
     are returned VACUUM_STEP_PAGES at a time when the store uses incremental auto-vacuum
     (otherwise ``vacuum_needed`` says how much only a full VACUUM can return).
-    ``vacuum=False``: merge and checkpoint only.
+    ``vacuum=False``: merge and checkpoint only. ``report`` is told each phase as it starts
+    (and how far the counted ones got); ``progress``, the label of each new phase.
+    Interrupted, it raises Interrupted saying what was kept and what is left.
     """
-    say = progress or (lambda _msg: None)
+    said: list[str] = []
+
+    def both(phase: Phase) -> None:
+        if report is not None:
+            report(phase)
+        if progress is not None and said[-1:] != [phase.label]:
+            said.append(phase.label)
+            progress(phase.label)
+
+    tracker = Tracker(both)
+    try:
+        return _optimize(engine, vacuum, tracker)
+    except KeyboardInterrupt as exc:
+        raise Interrupted(_interrupted(engine, vacuum, tracker.last)) from exc
+
+
+def _interrupted(engine: Engine, vacuum: bool | None, phase: Phase | None) -> str:
+    """What an interrupted optimize leaves, read from the store afterwards."""
+    path = db_path(str(engine.url))
+    finish = "hermes-store optimize" + (f" --db {path}" if path else "")
+    finish += " --vacuum" if vacuum else " --no-vacuum" if vacuum is False else ""
+    doing = phase.label if phase is not None else "starting"
+    kept = (
+        "VACUUM was rolled back, the file keeps its size"
+        if phase is not None and phase.kind == "vacuum" and vacuum
+        else "the step in flight was rolled back and every finished one is kept"
+    )
+    with engine.connect() as conn:
+        names = retired_indexes(conn)
+        rows = sum(backfill.retired_rows(conn, name) for name in names)
+    left = f"; {rows:,} rows of {', '.join(names)} are still to free" if names else ""
+    return f"interrupted while {doing}: {kept}{left}; run `{finish}` to finish"
+
+
+def _optimize(engine: Engine, vacuum: bool | None, say: Tracker) -> OptimizeResult:
     path = db_path(str(engine.url))
     require_writable(path)
     before = _on_disk(path)
@@ -201,29 +239,29 @@ def optimize(
             leftover = backfill.has_change_log(conn)
             conn.rollback()
             if leftover:  # an upgrade killed between its verification and its conversion
+                say(Phase("free", "removing an interrupted upgrade's change log"))
                 with _writing(conn, locks):
                     backfill.remove_stale_change_log(conn)
-                say("removed an interrupted upgrade's change log")
             if retired:  # set aside by a conversion or a swap; dropped before the merges
-                say(f"dropping {', '.join(retired)}")
-                _drop_retired(conn, retired, locks, whole=bool(vacuum))
+                say(Phase("free", f"dropping {', '.join(retired)}"))
+                _drop_retired(conn, retired, locks, whole=bool(vacuum), report=say)
             for name in unmerged:
-                say(f"merging {name}")
+                say(Phase("merge", f"merging {name}", item=name))
                 if vacuum:
                     with _writing(conn, locks):  # waits for the agent's write lock
                         optimize_index(conn, name)
                 else:
-                    _merge_in_steps(conn, name, locks)
+                    _merge_in_steps(conn, name, locks, say)
         # Checkpoint and VACUUM must run outside any transaction: use the driver directly
         # (the engine leaves it in autocommit mode; SQLAlchemy would wrap them in BEGIN).
         raw = engine.raw_connection()
         try:
             driver = raw.driver_connection
             assert isinstance(driver, sqlite3.Connection)
-            say("checkpointing the WAL")
+            say(Phase("checkpoint", "checkpointing the WAL"))
             truncated = truncate_wal(driver)
             if vacuum:
-                say("vacuuming")
+                say(Phase("vacuum", "vacuuming (one statement: the write lock all along)"))
                 started = time.perf_counter()
                 # Takes effect with this VACUUM; later bounded runs then shrink the file.
                 driver.execute("PRAGMA auto_vacuum=INCREMENTAL")
@@ -267,13 +305,15 @@ def _timed(locks: list[float]) -> Iterator[None]:
         locks.append(time.perf_counter() - started)
 
 
-def _merge_in_steps(conn: Connection, name: str, locks: list[float]) -> None:
+def _merge_in_steps(conn: Connection, name: str, locks: list[float], say: Report) -> None:
     """Merge an index's segments in short transactions (FTS5 'merge', MERGE_STEP_PAGES),
     until a step does no work (fewer than 2 changes) or the index's size in steps has been
     spent twice over: the agent's own writes keep adding segments, and this must end."""
     pages = conn.exec_driver_sql(f"SELECT count(*) FROM {name}_data").scalar_one()
     conn.rollback()
-    for _step in range(2 * (int(pages) // MERGE_STEP_PAGES) + 8):
+    most = 2 * (int(pages) // MERGE_STEP_PAGES) + 8
+    for step in range(most):
+        say(Phase("merge", f"merging {name}", step, most, "steps", name))
         with _writing(conn, locks):
             before = conn.exec_driver_sql("SELECT total_changes()").scalar_one()
             conn.exec_driver_sql(
@@ -285,18 +325,20 @@ def _merge_in_steps(conn: Connection, name: str, locks: list[float]) -> None:
         time.sleep(locks[-1] * STEP_PAUSE)
 
 
-def _drop_retired(conn: Connection, names: list[str], locks: list[float], *, whole: bool) -> None:
+def _drop_retired(
+    conn: Connection, names: list[str], locks: list[float], *, whole: bool, report: Report
+) -> None:
     """Drop swapped-out legacy indexes and set-aside copies: at once (``whole``: the full
     optimize holds the lock anyway), or in bounded steps with pauses, as the backfill does."""
     if not whole:
-        locks.extend(backfill.drop_retired(conn, duty=1 / (1 + STEP_PAUSE)))
+        locks.extend(backfill.drop_retired(conn, duty=1 / (1 + STEP_PAUSE), progress=report))
         return
     for name in names:
         with _writing(conn, locks):
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
 
 
-def _vacuum_in_steps(driver: sqlite3.Connection, locks: list[float], say: Progress) -> int:
+def _vacuum_in_steps(driver: sqlite3.Connection, locks: list[float], say: Report) -> int:
     """Return free pages to the file system in short steps, when the store uses
     incremental auto-vacuum; else the bytes only a full VACUUM can return (0 when none)."""
     page_size = driver.execute("PRAGMA page_size").fetchone()[0]
@@ -305,8 +347,9 @@ def _vacuum_in_steps(driver: sqlite3.Connection, locks: list[float], say: Progre
         return 0
     if driver.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # not INCREMENTAL
         return int(free * page_size)
-    say("returning free pages in steps")
+    total = free
     while free:
+        say(Phase("vacuum", "returning free pages in steps", total - free, total, "pages"))
         started = time.perf_counter()
         driver.execute("BEGIN IMMEDIATE")
         try:

@@ -7,10 +7,11 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import sqlite3
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,10 @@ from typing import Any
 from alembic.config import Config
 from alembic.operations import Operations
 from alembic.runtime.environment import EnvironmentContext
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+from alembic.runtime.migration import MigrationContext, MigrationStep
+from alembic.script import Script, ScriptDirectory
+from alembic.script.revision import RangeNotAncestorError, RevisionError
+from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
@@ -48,15 +51,18 @@ from hermes_store.engine import (
 )
 from hermes_store.errors import (
     DiskFull,
+    Interrupted,
     NotADatabase,
     SchemaTooNew,
     SchemaTooOld,
     StoreError,
     StoreNotFound,
     StoreReadOnly,
+    UnknownRevision,
     UnknownSchema,
 )
 from hermes_store.maintenance import truncate_wal
+from hermes_store.progress import Phase, Report, Tracker, quiet
 from hermes_store.revisions import (
     APP_VERSIONS,
     FIRST_APP_VERSION,
@@ -69,7 +75,7 @@ from hermes_store.revisions import (
     require_script_location,
     script_directory,
 )
-from hermes_store.storage import FTS_SHADOWS, btree_bytes
+from hermes_store.storage import FTS_SHADOWS, btree_bytes, human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -602,6 +608,7 @@ def prepare_store(
     *,
     backup_to: str | os.PathLike[str] | None = None,
     overwrite_backup: bool = False,
+    report: Report = quiet,
 ) -> Prepared:
     """Back up, then restamp or adopt the store, on the connection the revisions will use.
 
@@ -609,6 +616,7 @@ def prepare_store(
     """
     taken = None
     if backup_to is not None and state.kind != "new":
+        report(Phase("backup", f"backing up the store to {backup_to} (one consistent read)"))
         driver = connection.connection.driver_connection
         assert isinstance(driver, sqlite3.Connection)
         taken = backup_from(driver, backup_to, overwrite=overwrite_backup)
@@ -616,8 +624,16 @@ def prepare_store(
         log.info("backup: the store is new, nothing to back up; %s not written", backup_to)
     restamped = adopted = None
     if state.misstamped:
+        report(Phase("adopt", "recording the versions an earlier hermes-store misstamped"))
         restamped = restamp_misstamped(connection)
     elif state.kind == "legacy":
+        report(
+            Phase(
+                "adopt",
+                f"adopting legacy schema {state.legacy_version}: adding what its version "
+                "lacks, stamping its revision",
+            )
+        )
         adopted = adopt(connection, state.legacy_version)
     return Prepared(taken, adopted, bool(restamped))
 
@@ -642,6 +658,7 @@ def upgrade(
     backup_to: str | os.PathLike[str] | None = None,
     overwrite_backup: bool = False,
     create: bool = True,
+    progress: Report | None = None,
 ) -> UpgradeResult:
     """Upgrade a store (adopting a legacy one) and say what was done.
 
@@ -658,12 +675,18 @@ def upgrade(
     is taken, the store adopted or restamped, and each revision run in its own transaction.
     A full disk, a read-only store or a lock held past the busy timeout raise DiskFull,
     StoreReadOnly or StoreBusy; the revision in progress is rolled back whole.
+
+    ``progress`` is told each phase as it starts (and how far the counted ones got).
+    Interrupted (Ctrl-C), it raises Interrupted, whose message says what was done, what
+    is left and the command that finishes it.
     """
     x_args = dict(x or {})
     if app_version is None and x_args.get(APP_VERSION_X):
         app_version = parse_app_version(x_args.pop(APP_VERSION_X))
     elif app_version is not None:
         app_version = parse_app_version(app_version)
+    if revision is not None:
+        check_revision(revision)
     targets = _targets(revision, app_version)
     resolved = resolve_url(url, create_home=False)
     if is_server(resolved):
@@ -672,7 +695,7 @@ def upgrade(
                 "--backup copies a SQLite file; on PostgreSQL take a backup with pg_dump "
                 "before the upgrade. Nothing was changed"
             )
-        return _upgrade_on_server(resolved, targets, x_args, app_version)
+        return _upgrade_on_server(resolved, targets, x_args, app_version, progress or quiet)
     path = db_path(resolved)
     created = _missing(path)
     if created and not create:
@@ -682,6 +705,78 @@ def upgrade(
         )
     if backup_to is not None:
         check_backup_target(backup_to, path, overwrite=overwrite_backup)
+    tracker = Tracker(progress)
+    state = None
+    try:
+        tracker(Phase("classify", "reading the store (read-only)"))
+        state = inspect_file(path)
+        return _upgrade_file(
+            resolved,
+            state,
+            created,
+            targets,
+            x_args,
+            app_version,
+            revision,
+            tracker,
+            backup_to=backup_to,
+            overwrite_backup=overwrite_backup,
+        )
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Interrupted):
+            raise
+        finish = _upgrade_command(path, revision, app_version, x_args)
+        story = _interruption(resolved, tracker.last, state, finish, created=bool(created))
+        raise Interrupted(story) from exc
+
+
+def _conversion_note(x: Mapping[str, str], verdicts: Mapping[str, str]) -> str:
+    """How the search conversion will go, for a person watching it."""
+    exact = fts_conversion().EXACT
+    if x.get("fts_convert") != "rebuild" and all(v == exact for v in verdicts.values()):
+        return "moving the search indexes to external content in place (nothing re-indexed)"
+    if x.get("fts_backfill") == "deferred":
+        return (
+            "moving the search indexes to external content (the fill is left to optimize-storage)"
+        )
+    return (
+        "re-indexing every message into external-content indexes (one FTS5 'rebuild' "
+        "statement per index: no count until it ends)"
+    )
+
+
+def _upgrade_command(
+    path: Path | None, revision: str | None, app_version: int | None, x: Mapping[str, str]
+) -> str:
+    """The `hermes-store upgrade` command line that goes on with an upgrade."""
+    words = ["hermes-store upgrade"]
+    if path is not None:
+        words.append(f"--db {path}")
+    if revision is not None:
+        words.append(f"--revision {revision}")
+    if app_version is not None:
+        words.append(f"--app-version {app_version}")
+    if x.get("fts_convert") == "rebuild":
+        words.append("--rebuild-fts")
+    if x.get("fts_backfill") == "deferred":
+        words.append("--deferred-fts")
+    return " ".join(words)
+
+
+def _upgrade_file(
+    resolved: str,
+    state: StoreState,
+    created: list[Path],
+    targets: list[str],
+    x_args: dict[str, str],
+    app_version: int | None,
+    revision: str | None,
+    report: Report,
+    *,
+    backup_to: str | os.PathLike[str] | None,
+    overwrite_backup: bool,
+) -> UpgradeResult:
+    """The upgrade of a SQLite store classified as ``state`` (see :func:`upgrade`)."""
     locks: list[float] = [0.0]
     with (
         _removed_on_failure(created),
@@ -693,6 +788,8 @@ def upgrade(
             revision=revision,
             space_for=(targets, x_args),
             locks=locks,
+            state=state,
+            report=report,
         ) as (conn, state, prepared),
     ):
         _, schema_before, layout_before = _facts(conn)
@@ -701,17 +798,12 @@ def upgrade(
             target in ("head", "heads", fts_head_revision()) for target in targets
         )
         with _change_log_removed_on_failure(conn):
-            if converting:
-                verify_ahead(conn)
+            verdicts = _verified_ahead(conn, report) if converting else {}
+            notes = {FTS_EXTERNAL_REVISION: _conversion_note(x_args, verdicts)}
             for target in targets:
                 _settle(conn)
-                command.upgrade(cfg, target)
-            _settle(conn)
-            with joined_transaction(conn):
-                healed = _heal_search(conn)
-            # The copies an in-place conversion set aside, freed in short steps (not in its
-            # lock; a kill here leaves them to the next upgrade, optimize or optimize-storage).
-            _free_set_aside(conn)
+                _run_to(cfg, target, report, notes)
+            healed = _finish_upgrade(conn, report)
         after, schema_after, layout_after = _facts(conn)
         with joined_transaction(conn):
             pending = tuple(item.index for item in backfill.pending(conn))
@@ -734,7 +826,11 @@ def upgrade(
 
 
 def _upgrade_on_server(
-    url: str, targets: Sequence[str], x_args: Mapping[str, str], app_version: int | None
+    url: str,
+    targets: Sequence[str],
+    x_args: Mapping[str, str],
+    app_version: int | None,
+    report: Report = quiet,
 ) -> UpgradeResult:
     """`upgrade` on PostgreSQL: each target through env.py, which holds the upgrade lock."""
     engine = create_store_engine(url, create=False)
@@ -742,7 +838,7 @@ def _upgrade_on_server(
         with engine.connect() as conn:
             before, schema_before, layout_before = server.facts(conn)
         for target in targets:
-            command.upgrade(alembic_config(url, x=x_args), target)
+            _run_to(alembic_config(url, x=x_args), target, report)
         with engine.connect() as conn:
             after, schema_after, layout_after = server.facts(conn)
     finally:
@@ -823,6 +919,8 @@ def _writer(
     revision: str | None = None,
     space_for: tuple[Sequence[str], Mapping[str, str]] | None = None,
     locks: list[float] | None = None,
+    state: StoreState | None = None,
+    report: Report = quiet,
 ) -> Iterator[tuple[Connection, StoreState, Prepared]]:
     """Classify the store once (read-only), then hold one connection that takes the write
     lock at each BEGIN, with the backup taken and the store adopted or restamped on it.
@@ -831,10 +929,13 @@ def _writer(
     ``space_for`` (the targets and ``-x`` options of an upgrade) refuses, before anything
     is written, an upgrade the disk has no room for (see :func:`check_upgrade_space`).
     ``locks`` receives the duration of each write transaction on that connection, from the
-    adoption or restamp to the end of the block.
+    adoption or restamp to the end of the block. ``state``: the classification the caller
+    already made.
     """
     path = db_path(resolved)
-    state = inspect_file(path)
+    if state is None:
+        report(Phase("classify", "reading the store (read-only)"))
+        state = inspect_file(path)
     if existing and state.kind == "new":
         raise StoreNotFound(f"{path}: nothing to downgrade, the store does not exist")
     _refuse_going_back(state, app_version)
@@ -842,8 +943,10 @@ def _writer(
         _refuse_older_revision(state, revision)
     require_writable(path)
     if space_for is not None:
+        report(Phase("classify", "checking the free space the upgrade needs (read-only)"))
         check_upgrade_space(state, *space_for, backup_to=backup_to)
     if path is not None:  # the first commit's sync then has nothing of the store to wait for
+        report(Phase("classify", "writing out what the page cache holds of the store"))
         flush_to_disk(path)
     engine = create_store_engine(resolved)
     try:
@@ -853,25 +956,48 @@ def _writer(
                 _timed_transactions(conn, locks) if locks is not None else contextlib.nullcontext()
             ):
                 prepared = prepare_store(
-                    conn, state, backup_to=backup_to, overwrite_backup=overwrite_backup
+                    conn,
+                    state,
+                    backup_to=backup_to,
+                    overwrite_backup=overwrite_backup,
+                    report=report,
                 )
                 yield conn, state, prepared
     finally:
         engine.dispose()
 
 
-def _free_set_aside(conn: Connection) -> None:
+def _free_set_aside(conn: Connection, report: Report = quiet) -> None:
     """Free what the conversion set aside, in short steps; a full disk (each freed page is
     written zeroed with secure_delete) leaves the rest for later instead of failing an
     upgrade that is done."""
     try:
-        backfill.drop_retired(conn)
+        backfill.drop_retired(conn, progress=report)
     except DiskFull as exc:
         log.warning(
             "%s; the copies the conversion set aside are left in the store: run "
             "`hermes-store optimize` once space is freed",
             str(exc).split(";")[0],
         )
+
+
+def _finish_upgrade(conn: Connection, report: Report = quiet) -> dict[str, str]:
+    """What every upgrade does after its revisions, `alembic upgrade` and `hermes-store
+    upgrade` alike: restore a damaged search mechanism, then free the copies the
+    conversion set aside, in short steps (not in its lock; a kill here leaves them to the
+    next upgrade, optimize or optimize-storage). Returns what was healed."""
+    _settle(conn)
+    report(Phase("heal", "checking the search mechanism"))
+    with joined_transaction(conn):
+        healed = _heal_search(conn)
+    _free_set_aside(conn, report)
+    return healed
+
+
+def _verified_ahead(conn: Connection, report: Report) -> dict[str, str]:
+    """:func:`verify_ahead`, reported as a phase."""
+    report(Phase("verify", "verifying the search indexes against the messages (a read)"))
+    return verify_ahead(conn)
 
 
 def verify_ahead(conn: Connection) -> dict[str, str]:
@@ -1063,6 +1189,279 @@ def _heal_search(conn: Connection) -> dict[str, str]:
 DELETE_DATA_X = "i_know_this_deletes_data"
 
 
+#: A downgrade target relative to the store's revisions: ``-N``, or ``BRANCH@-N``.
+_RELATIVE = re.compile(r"(?:(?P<branch>[^@]+)@)?-(?P<steps>\d+)")
+#: Any target Alembic reads as relative (``-N``, ``+N``, ``REV-N``, ``BRANCH@REV+N``).
+_ANY_RELATIVE = re.compile(r"(?:(?P<branch>.+?)@)?(?P<symbol>\w+)?[+-]\d+")
+
+
+def _unknown_revision(name: str) -> UnknownRevision:
+    head = head_revision()
+    return UnknownRevision(
+        f"unknown revision {name!r}: this hermes-store has no revision or branch of that "
+        f"name; `hermes-store history` lists them ({FIRST_APP_VERSION}..{LAST_APP_VERSION} "
+        f"are the application's schema versions, {FTS_EXTERNAL_REVISION} the search layout, "
+        f"{head} the newest). Nothing was changed"
+    )
+
+
+def check_revision(target: str) -> None:
+    """Refuse a revision name this package does not have, in one line that points to
+    `hermes-store history` (UnknownRevision); ``head``, ``base``, ``-1``, ``fts@-1`` pass."""
+    script = script_directory()
+    name = target.strip()
+    relative = _ANY_RELATIVE.fullmatch(name)
+    if relative is not None:
+        labels = {label for rev in script.walk_revisions() for label in rev.branch_labels}
+        if relative["branch"] is not None and relative["branch"] not in labels:
+            raise _unknown_revision(relative["branch"])
+        names = [] if relative["symbol"] in (None, "head", "heads") else [relative["symbol"]]
+    else:
+        names = [name]
+    for part in names:
+        try:
+            script.get_revisions(part)
+        except (RevisionError, CommandError):
+            raise _unknown_revision(part) from None
+
+
+def upgrade_order() -> tuple[str, ...]:
+    """Every revision, in the order `hermes-store upgrade` applies them to a new store: the
+    application's chain to its newest version, then the search layout, then the merge."""
+    script = script_directory()
+    order: list[str] = []
+    for target in (str(LAST_APP_VERSION), "heads"):
+        for rev in reversed(list(script.iterate_revisions(target, "base"))):
+            if rev is not None and rev.revision not in order:
+                order.append(rev.revision)
+    return tuple(order)
+
+
+def _applied(heads: Sequence[str]) -> set[str]:
+    """The revisions a store at ``heads`` has: they and everything below them."""
+    script = script_directory()
+    applied: set[str] = set()
+    todo = list(heads)
+    while todo:
+        name = todo.pop()
+        if name not in applied:
+            applied.add(name)
+            down = _revision(script, name).down_revision
+            todo.extend([down] if isinstance(down, str) else down or ())
+    return applied
+
+
+def _heads_of(applied: set[str]) -> tuple[str, ...]:
+    script = script_directory()
+    return tuple(
+        sorted(name for name in applied if not set(_revision(script, name).nextrev) & applied)
+    )
+
+
+def _revision(script: ScriptDirectory, name: str) -> Script:
+    found = script.get_revision(name)
+    assert found is not None
+    return found
+
+
+@dataclass(frozen=True)
+class DowngradePlan:
+    """What one downgrade undoes, resolved against the store's revisions before it runs."""
+
+    target: str
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    #: The revisions undone, in the order their downgrades run (newest first).
+    undone: tuple[str, ...]
+
+    def describe(self) -> list[dict[str, str]]:
+        """Per revision undone: what it does, and what undoing it gives up (its docstring's
+        paragraph about the downgrade, which each revision states)."""
+        script = script_directory()
+        described = []
+        for name in self.undone:
+            rev = _revision(script, name)
+            if rev.is_merge_point:
+                undoing = "Nothing to undo: it only joins the two branches."
+            else:
+                paragraphs = [" ".join(p.split()) for p in rev.longdoc.split("\n\n")]
+                said = [p for p in paragraphs if p.startswith("Downgrade")]
+                undoing = said[0] if said else "its docstring does not say what undoing it loses"
+            described.append({"revision": name, "does": rev.doc.strip(), "undoing": undoing})
+        return described
+
+    def steps(self) -> list[MigrationStep]:
+        """Alembic's steps for the revisions undone, in order."""
+        script = script_directory()
+        return [
+            MigrationStep.downgrade_from_script(script.revision_map, _revision(script, name))
+            for name in self.undone
+        ]
+
+
+def plan_downgrade(heads: Sequence[str], target: str) -> DowngradePlan:
+    """Resolve a downgrade target against a store at ``heads`` (nothing is read or run).
+
+    ``-N`` undoes N steps. One step is the newest revision of the store that changes it, in
+    :func:`upgrade_order` (the application's schema versions, then the search layout): from
+    the merge head that is fts1, with the merge above it, which changes nothing and is
+    never a step of its own. ``BRANCH@-N`` takes the steps on that branch only (``fts@-1``).
+    Every other target (``base``, a revision id, an application version, ``fts@17``) means
+    what it means to Alembic: every revision of the store that depends on it is undone.
+    Raises UnknownRevision (a name this package lacks) or StoreError (nothing to undo).
+    """
+    check_revision(target)
+    script = script_directory()
+    before = tuple(sorted(heads))
+    applied = _applied(before)
+    relative = _RELATIVE.fullmatch(target.strip())
+    if relative is not None:
+        undone = _walk_back(applied, int(relative["steps"]), relative["branch"], target)
+    else:
+        try:
+            found = script.iterate_revisions(before, target, select_for_downgrade=True)
+            undone = tuple(rev.revision for rev in found if rev is not None)
+        except RangeNotAncestorError:
+            raise StoreError(
+                f"the store is at {', '.join(before) or 'base'}, which is not above {target}: "
+                f"there is nothing to undo (`hermes-store upgrade --revision {target}` goes "
+                "forward). Nothing was changed"
+            ) from None
+        except RevisionError as exc:
+            raise StoreError(
+                f"downgrade {target}: {exc}; name the revision to go back to (`hermes-store "
+                "history`), or give -N steps. Nothing was changed"
+            ) from None
+    return DowngradePlan(target, before, _heads_of(applied - set(undone)), undone)
+
+
+def _walk_back(applied: set[str], steps: int, branch: str | None, target: str) -> tuple[str, ...]:
+    """The revisions ``steps`` steps back from ``applied`` undo (see :func:`plan_downgrade`)."""
+    script = script_directory()
+    order = upgrade_order()
+    left = set(applied)
+    undone: list[str] = []
+    for done in range(steps):
+        candidates = [
+            name
+            for name in order
+            if name in left
+            and not _revision(script, name).is_merge_point
+            and (branch is None or branch in _revision(script, name).branch_labels)
+        ]
+        if not candidates:
+            where = f" on branch {branch}" if branch else ""
+            raise StoreError(
+                f"downgrade {target}: the store has {done} step(s) to undo{where}, not "
+                f"{steps} (`hermes-store history` lists them; `downgrade base` undoes every "
+                "one). Nothing was changed"
+            )
+        newest = candidates[-1]
+        # What depends on it goes first: the merge above it, newest first.
+        above = [name for name in reversed(order) if name in left and newest in _applied([name])]
+        for name in above:
+            left.discard(name)
+            undone.append(name)
+    return tuple(undone)
+
+
+def _announced(
+    steps: Iterable[MigrationStep], report: Report, notes: Mapping[str, str]
+) -> Iterator[MigrationStep]:
+    """Alembic's steps, each reported just before it runs (Alembic pulls the next step from
+    this iterator right before it begins that step's transaction); ``notes`` says more
+    about some of them (how the search conversion will go)."""
+    for step in steps:
+        rev = getattr(step, "revision", None)
+        name = getattr(rev, "revision", None) or str(step)
+        doc = notes.get(name) or (getattr(rev, "doc", "") or "").strip()
+        verb = "revision" if step.is_upgrade else "undoing revision"
+        report(Phase("revision", f"{verb} {name}: {doc}".rstrip(": "), item=name))
+        yield step
+
+
+def _run_steps(
+    config: Config,
+    plan: Callable[[tuple[str, ...]], Iterable[MigrationStep]],
+    destination: str,
+    report: Report,
+    notes: Mapping[str, str] | None = None,
+) -> None:
+    """Run Alembic through env.py with ``plan`` as its step planner (what `command.upgrade`
+    and `command.downgrade` do with theirs), each step announced to ``report``."""
+    script = script_directory()
+
+    def steps(heads: Any, _context: Any) -> Iterator[MigrationStep]:
+        return _announced(plan(tuple(sorted(heads))), report, notes or {})
+
+    config.attributes["planned"] = True  # env.py then keeps these steps as they are
+    with EnvironmentContext(config, script, fn=steps, destination_rev=destination):
+        script.run_env()
+
+
+def _run_to(
+    config: Config, target: str, report: Report, notes: Mapping[str, str] | None = None
+) -> None:
+    """`alembic upgrade TARGET` on the config's connection, each step announced."""
+    _run_steps(config, lambda heads: _steps_to([target], heads), target, report, notes)
+
+
+def _steps_to(targets: Sequence[str], heads: tuple[str, ...]) -> list[MigrationStep]:
+    """Alembic's own steps to each target in turn, from ``heads``: the relational chain to
+    its version before the search layout (see :func:`_targets`), whichever command runs."""
+    script = script_directory()
+    steps: list[MigrationStep] = []
+    for target in targets:
+        # Alembic's planner, given the heads as `command.upgrade` gives them (a tuple,
+        # though its annotation says str).
+        planned = script._upgrade_revs(target, heads)  # type: ignore[arg-type]
+        steps.extend(planned)
+        done = {step.revision.revision for step in planned}
+        heads = _heads_of(_applied(heads) | done)
+    return steps
+
+
+def _plan_runner(plan: DowngradePlan) -> Callable[[tuple[str, ...]], list[MigrationStep]]:
+    """The planned steps, refused when the store is no longer where the plan was made."""
+
+    def steps(heads: tuple[str, ...]) -> list[MigrationStep]:
+        if heads != plan.before:
+            raise StoreError(
+                f"the store moved from {', '.join(plan.before) or 'base'} to "
+                f"{', '.join(heads) or 'base'} while the downgrade started; nothing was "
+                "changed: run it again"
+            )
+        return plan.steps()
+
+    return steps
+
+
+def _effective_heads(state: StoreState) -> tuple[str, ...]:
+    """The revisions a store is at, an unversioned one at its legacy version's."""
+    if state.misstamped:
+        return tuple(sorted((str(_MISSTAMPED_REAL_VERSION), FTS_EXTERNAL_REVISION)))
+    if state.revisions:
+        return state.revisions
+    return (str(state.legacy_version),) if state.legacy_version is not None else ()
+
+
+def plan_store_downgrade(url: str | None, revision: str) -> DowngradePlan:
+    """What ``downgrade(url, revision)`` would undo, read from the store without writing."""
+    resolved = resolve_url(url, create_home=False)
+    if is_server(resolved):
+        engine = create_store_engine(resolved, create=False)
+        try:
+            with engine.connect() as conn:
+                heads, _version, _layout = server.facts(conn)
+        finally:
+            engine.dispose()
+        return plan_downgrade(heads, revision)
+    path = db_path(resolved)
+    if path is not None and not path.exists():
+        raise StoreNotFound(f"{path}: no such store; nothing to downgrade")
+    return plan_downgrade(_effective_heads(inspect_file(path)), revision)
+
+
 def downgrade(
     url: str | None = None,
     revision: str = "-1",
@@ -1071,49 +1470,200 @@ def downgrade(
     backup_to: str | os.PathLike[str] | None = None,
     overwrite_backup: bool = False,
     delete_data: bool = False,
+    expect: DowngradePlan | None = None,
+    progress: Report | None = None,
 ) -> tuple[str | None, str | None]:
-    """Run ``alembic downgrade`` on a store; return (from, to) revisions.
+    """Undo revisions of a store (see :func:`plan_downgrade` for what REVISION means);
+    return (from, to) revisions.
 
-    Going to ``base`` drops every table: on a store that holds sessions or messages it is
+    Going to base drops every table: on a store that holds sessions or messages it is
     refused (StoreError, nothing changed) unless ``delete_data``. ``backup_to`` is checked
-    before anything is opened and written before the first revision runs.
+    before anything is opened and written before the first revision runs. ``expect`` (the
+    plan a person confirmed) refuses the downgrade, nothing changed, when the store has
+    moved since. Interrupted, it raises Interrupted saying where the store was left.
     """
+    tracker = Tracker(progress)
     resolved = resolve_url(url, create_home=False)
+    how = f"`hermes-store downgrade {revision} --yes --i-know-this-deletes-data`"
     if is_server(resolved):
         if backup_to is not None:
             raise StoreError(
                 "--backup copies a SQLite file; on PostgreSQL take a backup with pg_dump "
                 "first. Nothing was changed"
             )
-        engine = create_store_engine(resolved, create=False)
-        try:
-            with engine.connect() as conn:
-                before = current_revision(conn)
-                if revision == "base" and not delete_data:
-                    server.refuse_deleting_data(
-                        conn, "`hermes-store downgrade base --yes --i-know-this-deletes-data`"
-                    )
-            # Checked above: env.py need not refuse it again.
-            x_args = {**(x or {}), DELETE_DATA_X: "true"}
-            command.downgrade(alembic_config(resolved, x=x_args), revision)
-            with engine.connect() as conn:
-                return before, current_revision(conn)
-        finally:
-            engine.dispose()
+        on_server = _confirmed(plan_store_downgrade(resolved, revision), expect)
+        return _downgrade_on_server(resolved, on_server, x, delete_data, how, tracker)
     path = db_path(resolved)
     if path is not None and not path.exists():
         raise StoreNotFound(f"{path}: no such store; nothing to downgrade")
     if backup_to is not None:
         check_backup_target(backup_to, path, overwrite=overwrite_backup)
-    if revision == "base" and not delete_data:
-        _refuse_deleting_data(
-            path, "`hermes-store downgrade base --yes --i-know-this-deletes-data`"
+    state: StoreState | None = None
+    plan: DowngradePlan | None = None
+    try:
+        tracker(Phase("classify", "reading the store (read-only)"))
+        state = inspect_file(path)
+        if state.kind == "new":
+            raise StoreNotFound(f"{path}: nothing to downgrade, the store is empty")
+        plan = _confirmed(plan_downgrade(_effective_heads(state), revision), expect)
+        if not plan.after and not delete_data:
+            _refuse_deleting_data(path, how)
+        with _writer(
+            resolved, None, backup_to, overwrite_backup, existing=True, state=state, report=tracker
+        ) as (conn, _, _):
+            before = current_revision(conn)
+            cfg = alembic_config(resolved, connection=conn, x=x)
+            _run_steps(cfg, _plan_runner(plan), revision, tracker)
+            _settle(conn)
+            return before, current_revision(conn)
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Interrupted):
+            raise
+        finish = functools.partial(_downgrade_command, path, revision, plan)
+        raise Interrupted(_interruption(resolved, tracker.last, state, finish)) from exc
+
+
+def _downgrade_on_server(
+    url: str,
+    plan: DowngradePlan,
+    x: Mapping[str, str] | None,
+    delete_data: bool,
+    how: str,
+    report: Report,
+) -> tuple[str | None, str | None]:
+    """`downgrade` on PostgreSQL: the planned steps through env.py, under its lock."""
+    engine = create_store_engine(url, create=False)
+    try:
+        with engine.connect() as conn:
+            before = current_revision(conn)
+            if not plan.after and not delete_data:
+                server.refuse_deleting_data(conn, how)
+        # Checked above: env.py need not refuse it again.
+        x_args = {**(x or {}), DELETE_DATA_X: "true"}
+        _run_steps(alembic_config(url, x=x_args), _plan_runner(plan), plan.target, report)
+        with engine.connect() as conn:
+            return before, current_revision(conn)
+    finally:
+        engine.dispose()
+
+
+def _downgrade_command(
+    path: Path | None, revision: str, plan: DowngradePlan | None, after: StoreState | None
+) -> str:
+    """The `hermes-store downgrade` command line that finishes an interrupted one: the same
+    target, or for -N the steps of the plan still to undo."""
+    target = revision
+    relative = _RELATIVE.fullmatch(revision.strip())
+    if relative is not None and plan is not None and after is not None:
+        applied = _applied(_effective_heads(after))
+        script = script_directory()
+        left = [
+            name
+            for name in plan.undone
+            if name in applied and not _revision(script, name).is_merge_point
+        ]
+        target = f"{relative['branch']}@-{len(left)}" if relative["branch"] else f"-{len(left)}"
+    return f"hermes-store downgrade {target}" + (f" --db {path}" if path is not None else "")
+
+
+def _confirmed(plan: DowngradePlan, expect: DowngradePlan | None) -> DowngradePlan:
+    if expect is not None and plan != expect:
+        raise StoreError(
+            f"the store moved since the downgrade was confirmed (it is at "
+            f"{', '.join(plan.before) or 'base'}, not {', '.join(expect.before) or 'base'}); "
+            "nothing was changed: run it again to see what it would undo"
         )
-    with _writer(resolved, None, backup_to, overwrite_backup, existing=True) as (conn, _, _):
-        before = current_revision(conn)
-        command.downgrade(alembic_config(resolved, connection=conn, x=x), revision)
-        _settle(conn)
-        return before, current_revision(conn)
+    return plan
+
+
+#: What was happening when an upgrade or a downgrade was interrupted, by phase kind.
+_DOING = {
+    "classify": "before anything was written",
+    "backup": "while taking the backup: its partial copy was removed, the store not written",
+    "adopt": "while adopting the legacy store: that transaction was rolled back",
+    "verify": "while verifying the search indexes (a read): nothing was converted",
+    "revision": "while running the revisions: the one in progress was rolled back whole",
+    "heal": "while checking the search mechanism: that transaction was rolled back",
+    "free": "while freeing what the search conversion set aside: the revisions are all done",
+}
+
+
+def _interruption(
+    resolved: str,
+    phase: Phase | None,
+    before: StoreState | None,
+    finish: str | Callable[[StoreState | None], str],
+    *,
+    created: bool = False,
+) -> str:
+    """What an interrupted upgrade or downgrade tells the operator, read from the store
+    afterwards: what was in flight and what became of it, where the store is, what is left
+    and the command that finishes it (``finish``, or made from the store as it was left)."""
+    kind = phase.kind if phase is not None else "classify"
+    doing = _DOING.get(kind, f"while {phase.label if phase else kind}")
+    path = db_path(resolved)
+    try:
+        after = inspect_file(path) if path is not None and path.exists() else None
+        names, rows, size, change_log = _left_over(resolved) if after else ([], 0, None, False)
+    except Exception as exc:  # report what is known, not a guess
+        log.debug("the store could not be read after the interrupt: %s", exc)
+        return (
+            f"interrupted {doing}; the store could not be read afterwards: see where it is "
+            "with `hermes-store current`"
+        )
+    if not isinstance(finish, str):
+        finish = finish(after)
+    if phase is not None and kind == "revision" and phase.item is not None:
+        undoing = phase.label.startswith("undoing")
+        applied = phase.item in _applied(_effective_heads(after)) if after else False
+        verb = "the downgrade of revision" if undoing else "revision"
+        doing = (
+            f"during {verb} {phase.item}, which was rolled back whole"
+            if applied == undoing
+            else f"after {verb} {phase.item} was done"
+        )
+    if after is None or after.kind == "new":
+        where = "no store was created" if created else "the store is empty"
+    else:
+        where = f"the store is at {_where(after)}"
+        if before is not None and _where(before) != _where(after):
+            where += f" (it was at {_where(before)})"
+    words = [f"interrupted {doing}; {where}"]
+    optimize = "hermes-store optimize" + (f" --db {path}" if path is not None else "")
+    if rows or names:
+        amount = f"{rows:,} rows" + (f" ({human_bytes(size)})" if size else "")
+        words.append(
+            f"{amount} of {', '.join(names)} are left to free: `{optimize}` frees them in "
+            f"short steps (so does `{finish}`)"
+        )
+    if change_log:
+        words.append(f"the upgrade's change log is left: `{optimize}` removes it")
+    if kind != "free" or not names:
+        words.append(f"run `{finish}` to finish" if kind != "free" else "nothing else is left")
+    return "; ".join(words)
+
+
+def _where(state: StoreState) -> str:
+    if state.kind == "legacy":
+        return f"legacy schema {state.legacy_version} (unversioned)"
+    return f"revision {state.revision}" if state.revision else "no revision (empty)"
+
+
+def _left_over(resolved: str) -> tuple[list[str], int, int | None, bool]:
+    """What an interrupted upgrade can leave (read-only): the tables still to free, their
+    rows and bytes (None without dbstat), and whether its change log is still there."""
+    engine = create_store_engine(resolved, create=False, wal=False)
+    try:
+        with engine.connect() as conn:
+            names = fts.retired_indexes(conn)
+            rows = sum(backfill.retired_rows(conn, name) for name in names)
+            tables = [table for name in names for table in backfill.retired_tables(conn, name)]
+            driver: Any = conn.connection.driver_connection
+            sizes = btree_bytes(driver, tables) if tables else {}
+            size = None if sizes is None else sum(sizes.values())
+            return names, rows, size, backfill.has_change_log(conn)
+    finally:
+        engine.dispose()
 
 
 def _refuse_deleting_data(path: Path | None, how: str) -> None:
@@ -1183,13 +1733,13 @@ def stamp(url: str | None, revision: str) -> tuple[str | None, str | None]:
     revision declares (see :func:`schema_differences`): a stamp that lies would make the
     next upgrade skip or repeat steps.
     """
+    check_revision(revision)
     resolved = resolve_url(url, create_home=False)
     path = db_path(resolved)
     engine = create_store_engine(resolved, create=False)
     try:
         with sqlite_errors(path), engine.connect() as conn:
             conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-            # An unknown revision name raises Alembic's CommandError, which says so.
             problems = schema_differences(conn, revision)
             if problems:
                 raise StoreError(
@@ -1236,9 +1786,19 @@ def run_env(
         run(connection)
         return
     resolved = resolve_url(x.get("db") or None, create_home=runs_revisions)
+    verb, raw = _alembic_command(config)
+    if config.attributes.get("planned"):  # the library's own steps (see _run_steps)
+        verb = raw = None
     if is_server(resolved):
         _run_env_on_server(
-            resolved, run, x=x, runs_revisions=runs_revisions, destination=destination
+            resolved,
+            run,
+            x=x,
+            runs_revisions=runs_revisions,
+            destination=destination,
+            verb=verb,
+            raw=raw,
+            planned=bool(config.attributes.get("planned")),
         )
         return
     path = db_path(resolved)
@@ -1250,6 +1810,44 @@ def run_env(
         finally:
             engine.dispose()
         return
+    finish = f"alembic -x db={path} {verb or 'upgrade'} {raw or destination or 'base'}"
+    tracker = Tracker()
+    state = None
+    try:
+        tracker(Phase("classify", "reading the store (read-only)"))
+        state = inspect_file(path)
+        _run_env_on_file(
+            resolved, state, run, x=x, destination=destination, verb=verb, raw=raw, report=tracker
+        )
+    except KeyboardInterrupt as exc:  # `alembic` shows a CommandError in one line
+        raise StoreError(_interruption(resolved, tracker.last, state, finish)) from exc
+
+
+def _alembic_command(config: Config) -> tuple[str | None, str | None]:
+    """The verb (``upgrade``, ``downgrade``, ``stamp``...) and the revision argument as typed
+    when the `alembic` command line runs (Alembic's own resolved argument drops a branch
+    label: ``fts@-1`` reads ``-1``); (None, None) when called from code."""
+    cmd = getattr(config.cmd_opts, "cmd", None)
+    verb = getattr(cmd[0], "__name__", None) if isinstance(cmd, tuple) and cmd else None
+    raw = getattr(config.cmd_opts, "revision", None)
+    return verb, raw if isinstance(raw, str) else None
+
+
+def _run_env_on_file(
+    resolved: str,
+    state: StoreState,
+    run: Callable[..., None],
+    *,
+    x: Mapping[str, str],
+    destination: str | None,
+    verb: str | None,
+    raw: str | None,
+    report: Report,
+) -> None:
+    """env.py on a SQLite file: the upgrade's workflow around Alembic's own command."""
+    path = db_path(resolved)
+    if raw is not None or destination is not None:
+        check_revision(raw or destination or "")
     app_version = parse_app_version(x[APP_VERSION_X]) if x.get(APP_VERSION_X) else None
     if app_version is not None and destination != head_revision():
         raise StoreError(
@@ -1257,18 +1855,25 @@ def run_env(
             "upgrade head`, not another target"
         )
     overrides: dict[str, Any] = {}
-    if app_version is not None and app_version < LAST_APP_VERSION:
-        # Alembic's own step planner (what `alembic upgrade` uses), over both targets.
-        targets = tuple(_targets(None, app_version))
-        # It resolves a tuple of revisions as several targets; its annotation says str.
-        overrides["fn"] = lambda rev, _context: script_directory()._upgrade_revs(
-            targets,  # type: ignore[arg-type]
-            rev,
-        )
+    upgrading = verb not in ("downgrade", "stamp")
+    if upgrading and destination == head_revision():
+        # The steps `hermes-store upgrade` runs, in its order (Alembic's own order would
+        # convert the search layout before the application's steps, and revision 23 then
+        # records another flag): the same store either way.
+        targets = _targets(None, app_version)
+        overrides["fn"] = lambda rev, _context: _steps_to(targets, tuple(sorted(rev)))
+    to_base = destination is None
+    if verb == "downgrade" and raw is not None:
+        # The same steps as `hermes-store downgrade` (see plan_downgrade): `-1` from the
+        # merge head is one step, not Alembic's "Ambiguous walk".
+        plan = plan_downgrade(_effective_heads(state), raw)
+        runner = _plan_runner(plan)
+        overrides["fn"] = lambda heads, _context: runner(tuple(sorted(heads)))
+        to_base = not plan.after
     overwrite = x.get(BACKUP_OVERWRITE_X, "").lower() in ("1", "true", "yes")
     if x.get(BACKUP_X):
         check_backup_target(x[BACKUP_X], path, overwrite=overwrite)
-    if destination is None and x.get(DELETE_DATA_X, "").lower() not in ("1", "true", "yes"):
+    if to_base and x.get(DELETE_DATA_X, "").lower() not in ("1", "true", "yes"):
         _refuse_deleting_data(path, f"`alembic -x {DELETE_DATA_X}=true downgrade base`")
     if app_version is not None and app_version < LAST_APP_VERSION:
         planned: Sequence[str] = _targets(None, app_version)
@@ -1276,15 +1881,24 @@ def run_env(
         planned = destination.split(",") if destination else ()
     with (
         _writer(
-            resolved, app_version, x.get(BACKUP_X) or None, overwrite, space_for=(planned, x)
+            resolved,
+            app_version,
+            x.get(BACKUP_X) or None,
+            overwrite,
+            space_for=(planned, x) if upgrading else None,
+            state=state,
+            report=report,
         ) as (conn, _, _),
         _change_log_removed_on_failure(conn),
     ):
         if destination in (head_revision(), fts_head_revision()) and x.get("fts_convert") != (
             "rebuild"
         ):
-            verify_ahead(conn)
+            _verified_ahead(conn, report)
+        report(Phase("revision", "running the revisions"))
         run(conn, **overrides)
+        if upgrading:  # the same store as `hermes-store upgrade` leaves
+            _finish_upgrade(conn, report)
 
 
 def _run_env_on_server(
@@ -1294,29 +1908,44 @@ def _run_env_on_server(
     x: Mapping[str, str],
     runs_revisions: bool,
     destination: str | None,
+    verb: str | None = None,
+    raw: str | None = None,
+    planned: bool = False,
 ) -> None:
-    """env.py on PostgreSQL: the same targets, none of a file's workflow (see server)."""
+    """env.py on PostgreSQL: the same targets and steps, none of a file's workflow
+    (``planned``: the library chose the steps already)."""
     for option in (BACKUP_X, "fts_backfill"):
         if x.get(option):
             raise StoreError(
                 f"-x {option} is for SQLite stores; on PostgreSQL back up with pg_dump, and "
                 "the search indexes are built by the upgrade itself"
             )
+    if runs_revisions and (raw is not None or destination is not None):
+        check_revision(raw or destination or "")
     app_version = parse_app_version(x[APP_VERSION_X]) if x.get(APP_VERSION_X) else None
+    deletes_data_ok = x.get(DELETE_DATA_X, "").lower() in ("1", "true", "yes")
+    how = f"`alembic -x {DELETE_DATA_X}=true downgrade base`"
     overrides: dict[str, Any] = {}
-    if app_version is not None and app_version < LAST_APP_VERSION:
-        targets = tuple(_targets(None, app_version))
-        overrides["fn"] = lambda rev, _context: script_directory()._upgrade_revs(
-            targets,  # type: ignore[arg-type]
-            rev,
-        )
+    if verb == "downgrade" and raw is not None:
+        target = raw
+
+        def downgrade_steps(heads: Any, context: Any) -> list[MigrationStep]:
+            plan = plan_downgrade(tuple(sorted(heads)), target)
+            if not plan.after and not deletes_data_ok:
+                server.refuse_deleting_data(context.connection, how)
+            return plan.steps()
+
+        overrides["fn"] = downgrade_steps
+    elif verb != "stamp" and destination == head_revision() and not planned:
+        targets = _targets(None, app_version)
+        overrides["fn"] = lambda rev, _context: _steps_to(targets, tuple(sorted(rev)))
     server.run_revisions(
         url,
         run,
         runs_revisions=runs_revisions,
-        deletes_data_ok=x.get(DELETE_DATA_X, "").lower() in ("1", "true", "yes"),
+        deletes_data_ok=deletes_data_ok,
         destination=destination,
-        how=f"`alembic -x {DELETE_DATA_X}=true downgrade base`",
+        how=how,
         lock_timeout=server.lock_timeout_ms(x),
         **overrides,
     )

@@ -52,3 +52,17 @@ def back_to_inline_21(path: Path) -> None:
 
     migrate.downgrade(str(path), "21")
     migrate.downgrade(str(path), "fts@-1")
+
+
+def legacy_corpus_store(path: Path, messages: int, seed: int, version: int = 21) -> Path:
+    """A legacy store at ``version`` (inline search, never under Alembic) holding a corpus of
+    ``messages`` generated messages."""
+    from legacy.build import build_legacy_store
+
+    from hermes_store import corpus
+
+    build_legacy_store(path, version)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        corpus.populate(conn, corpus.generate(messages, seed))
+        conn.commit()
+    return path

@@ -140,7 +140,9 @@ def test_downgrade_base_refuses_to_delete_conversations_then_does_it(pg_store: s
     assert_one_line_error(refused, "would delete 3 session(s) and 12 message(s)")
     assert revision_of(pg_store) == [HEAD]
     done = invoke_json("downgrade", "base", "--db", pg_store, "--yes", "--i-know-this-deletes-data")
+    undone = done.pop("undone")
     assert done == {"from": HEAD, "to": None, "backup": None}
+    assert [step["revision"] for step in undone][-1] == "17"
     assert revision_of(pg_store) == []
 
 

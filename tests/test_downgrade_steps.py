@@ -1,0 +1,269 @@
+"""`downgrade -N`, `fts@-1`, `base` and revision ids from any revision, the merge head included,
+through `hermes-store downgrade` and the bare `alembic downgrade` alike; the confirmation says
+what will be undone; an unknown revision points to `hermes-store history`.
+
+One step is the newest revision that changes the store, in the order `hermes-store upgrade`
+applies them (the application's 17..30, then the search layout fts1); the merge that joins
+the two changes nothing and is undone together with the step below it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from legacy.build import build_legacy_store
+from migration_support import legacy_corpus_store
+
+from hermes_store import migrate
+from hermes_store.cli import main
+from hermes_store.errors import StoreError, UnknownRevision
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+HEAD = migrate.head_revision()
+
+
+def query(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def revisions(path: Path) -> list[str]:
+    return sorted(row[0] for row in query(path, "SELECT version_num FROM alembic_version"))
+
+
+def schema(path: Path) -> list[tuple[Any, ...]]:
+    """Every schema object with its SQL: two stores with equal lists have one schema."""
+    return query(path, "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name")
+
+
+def invoke(*args: str | Path, expect: int | None = 0, input: str | None = None) -> Result:
+    result = CliRunner().invoke(main, [str(a) for a in args], input=input)
+    if expect is not None:
+        assert result.exit_code == expect, (result.exit_code, result.output, result.exception)
+    return result
+
+
+def one_line_error(result: Result) -> str:
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    assert isinstance(result.exception, SystemExit), result.exception
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: ")
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def alembic(*args: str) -> subprocess.CompletedProcess[str]:
+    """The bare `alembic` command line, from the project directory."""
+    return subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", str(PROJECT_ROOT / "alembic.ini"), *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def alembic_errors(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """What `alembic` said on stderr besides its INFO progress lines."""
+    return [line for line in done.stderr.splitlines() if not line.startswith("INFO")]
+
+
+@pytest.fixture(scope="module")
+def head_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A schema-21 legacy store with 300 messages, upgraded to head."""
+    path = legacy_corpus_store(tmp_path_factory.mktemp("downgrade") / "head.db", 300, 3)
+    migrate.upgrade(str(path))
+    return path
+
+
+@pytest.fixture
+def head_store(head_template: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copy(head_template, tmp_path / "state.db"))
+
+
+def test_minus_one_from_the_merge_head_undoes_the_search_layout(head_store: Path) -> None:
+    messages = query(head_store, "SELECT count(*) FROM messages")
+    data = json.loads(invoke("downgrade", "-1", "--db", head_store, "--yes", "--json").stdout)
+    assert (data["from"], data["to"]) == (HEAD, "30")
+    assert [step["revision"] for step in data["undone"]] == [HEAD, "fts1"]
+    assert revisions(head_store) == ["30"]
+    assert query(head_store, "SELECT version FROM schema_version") == [(30,)]
+    layout = json.loads(invoke("current", "--db", head_store, "--json").stdout)["fts_layout"]
+    assert layout == "inline"
+    assert query(head_store, "SELECT count(*) FROM messages") == messages
+
+
+def test_minus_n_walks_back_one_step_at_a_time(head_store: Path, tmp_path: Path) -> None:
+    """-3 from head is -1 three times: the search layout, then 30, then 29."""
+    walked = Path(shutil.copy(head_store, tmp_path / "walked.db"))
+    seen = []
+    for _ in range(3):
+        invoke("downgrade", "-1", "--db", walked, "--yes")
+        seen.append(revisions(walked))
+    assert seen == [["30"], ["29"], ["28"]]
+    invoke("downgrade", "-3", "--db", head_store, "--yes")
+    assert revisions(head_store) == ["28"]
+    assert schema(head_store) == schema(walked)
+
+
+def test_minus_one_at_the_agents_version_undoes_the_search_layout(head_store: Path) -> None:
+    """A store at (21, fts1), as `upgrade --app-version 21` leaves it: one step is fts1."""
+    invoke("downgrade", "21", "--db", head_store, "--yes")
+    assert revisions(head_store) == ["21", "fts1"]
+    invoke("downgrade", "-1", "--db", head_store, "--yes")
+    assert revisions(head_store) == ["21"]
+    invoke("downgrade", "-1", "--db", head_store, "--yes")
+    assert revisions(head_store) == ["20"]
+
+
+def test_branch_relative_and_absolute_targets(head_store: Path, tmp_path: Path) -> None:
+    other = Path(shutil.copy(head_store, tmp_path / "other.db"))
+    invoke("downgrade", "fts@-1", "--db", head_store, "--yes")
+    assert revisions(head_store) == ["30"]
+    invoke("downgrade", "30", "--db", other, "--yes")  # Alembic's meaning: the merge only
+    assert revisions(other) == ["30", "fts1"]
+    invoke("downgrade", "fts@-1", "--db", other, "--yes")
+    assert schema(other) == schema(head_store)
+
+
+def test_the_bare_alembic_command_takes_the_same_step(head_store: Path, tmp_path: Path) -> None:
+    through_cli = Path(shutil.copy(head_store, tmp_path / "cli.db"))
+    invoke("downgrade", "-1", "--db", through_cli, "--yes")
+    done = alembic("-x", f"db={head_store}", "downgrade", "-1")
+    assert done.returncode == 0, done.stderr
+    assert alembic_errors(done) == []
+    assert revisions(head_store) == revisions(through_cli) == ["30"]
+    assert schema(head_store) == schema(through_cli)
+    done = alembic("-x", f"db={head_store}", "downgrade", "-2")
+    assert done.returncode == 0, done.stderr
+    assert revisions(head_store) == ["28"]
+
+
+def test_minus_one_needs_no_double_dash(head_store: Path) -> None:
+    for args in (["downgrade", "-1", "--db", head_store], ["downgrade", "--db", head_store, "-1"]):
+        invoke(*args, "--yes")
+    assert revisions(head_store) == ["29"]
+    result = invoke("downgrade", "--yess", "-1", "--db", head_store, expect=2)
+    assert "No such option" in result.stderr
+    assert revisions(head_store) == ["29"]
+
+
+def test_the_confirmation_says_what_each_step_gives_up(head_store: Path) -> None:
+    before = schema(head_store)
+    result = invoke("downgrade", "-2", "--db", head_store, input="n\n", expect=1)
+    prompt = result.output
+    lines = [line.strip() for line in prompt.splitlines() if line.strip()]
+    assert any(f"from {HEAD} to 29" in line for line in lines), prompt
+    undone = [line for line in lines if line.split()[0] in (HEAD, "fts1", "30")]
+    assert [line.split()[0] for line in undone] == [HEAD, "fts1", "30"], prompt
+    assert "nothing to undo" in undone[0].lower()
+    assert "inline" in undone[1]  # the search indexes go back to the legacy layout
+    assert "lost" in undone[2]  # 30's downgrade drops columns whose values are lost
+    assert schema(head_store) == before
+
+
+def test_walking_past_base_is_one_line(head_store: Path) -> None:
+    before = schema(head_store)
+    line = one_line_error(invoke("downgrade", "-40", "--db", head_store, "--yes", expect=None))
+    assert "-40" in line
+    assert "15" in line
+    assert schema(head_store) == before
+    # All the steps is base, which deletes the conversations: both flags are needed.
+    line = one_line_error(invoke("downgrade", "-15", "--db", head_store, "--yes", expect=None))
+    assert "--i-know-this-deletes-data" in line
+    assert schema(head_store) == before
+    done = alembic("-x", f"db={head_store}", "downgrade", "-15")
+    assert done.returncode != 0
+    assert "i_know_this_deletes_data" in alembic_errors(done)[0]
+    assert schema(head_store) == before
+
+
+def test_plan_from_every_revision_is_one_step(head_store: Path) -> None:
+    """From each state the chain can be in, -1 undoes exactly one revision that changes the
+    store (plus the merge above it) and never more."""
+    script = migrate.script_directory()
+    states = [("17",), ("21",), ("30",), ("17", "fts1"), ("21", "fts1"), ("30", "fts1"), (HEAD,)]
+    seen = []
+    for heads in states:
+        plan = migrate.plan_downgrade(heads, "-1")
+        changing = [rev for rev in plan.undone if not script.get_revision(rev).is_merge_point]
+        assert len(changing) == 1, (heads, plan.undone)
+        seen.append((heads, plan.after))
+    assert seen == [
+        (("17",), ()),
+        (("21",), ("20",)),
+        (("30",), ("29",)),
+        (("17", "fts1"), ("17",)),
+        (("21", "fts1"), ("21",)),
+        (("30", "fts1"), ("30",)),
+        ((HEAD,), ("30",)),
+    ]
+
+
+def test_an_unknown_revision_points_to_history(head_store: Path) -> None:
+    before = schema(head_store)
+    for args in (
+        ["downgrade", "nosuch", "--yes"],
+        ["downgrade", "nosuch@-1", "--yes"],
+        ["upgrade", "--revision", "nosuch"],
+        ["stamp", "nosuch"],
+    ):
+        line = one_line_error(invoke(*args, "--db", head_store, expect=None))
+        assert "'nosuch'" in line, line
+        assert "hermes-store history" in line, line
+        assert "Can't locate" not in line
+    assert schema(head_store) == before
+    for verb in ("upgrade", "downgrade", "stamp"):
+        done = alembic("-x", f"db={head_store}", verb, "nosuch")
+        assert done.returncode != 0
+        errors = alembic_errors(done)
+        assert errors, done.stderr
+        assert "'nosuch'" in errors[0], errors
+        assert "hermes-store history" in errors[0], errors
+        assert "Traceback" not in done.stderr
+    assert schema(head_store) == before
+    with pytest.raises(UnknownRevision, match="hermes-store history"):
+        migrate.plan_downgrade((HEAD,), "nosuch")
+    assert issubclass(UnknownRevision, StoreError)
+
+
+def test_history_marks_the_revision_an_unversioned_store_corresponds_to(tmp_path: Path) -> None:
+    path = tmp_path / "legacy.db"
+    build_legacy_store(path, 21)
+    text = invoke("history", "--db", path).stdout
+    marked = [line for line in text.splitlines() if "legacy schema 21" in line]
+    assert len(marked) == 1, text
+    assert marked[0].split()[0] == "21"
+    assert "unversioned" in marked[0]
+    records = [
+        json.loads(line) for line in invoke("history", "--db", path, "--nl").stdout.splitlines()
+    ]
+    assert records
+    assert [r["revision"] for r in records if r["current"]] == ["21"]
+    assert query(path, "SELECT name FROM sqlite_master WHERE name = 'alembic_version'") == []
+
+
+@pytest.mark.postgresql
+def test_on_postgresql_minus_one_is_the_same_step(pg_url: str) -> None:
+    invoke("upgrade", "--db", pg_url)
+    data = json.loads(invoke("downgrade", "-1", "--db", pg_url, "--yes", "--json").stdout)
+    assert (data["from"], data["to"]) == (HEAD, "30")
+    assert [step["revision"] for step in data["undone"]] == [HEAD, "fts1"]
+    done = alembic("-x", f"db={pg_url}", "downgrade", "-1")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(invoke("current", "--db", pg_url, "--json").stdout)["revision"] == "29"
+    line = one_line_error(invoke("downgrade", "-29", "--db", pg_url, "--yes", expect=None))
+    assert "has 13 step(s) to undo" in line  # 17..29
+    invoke("upgrade", "--db", pg_url)
+    assert json.loads(invoke("current", "--db", pg_url, "--json").stdout)["revision"] == HEAD
