@@ -59,7 +59,7 @@ def legacy_corpus_store(path: Path, messages: int, seed: int, version: int = 21)
     ``messages`` generated messages."""
     from legacy.build import build_legacy_store
 
-    from hermes_store import corpus
+    from hermes_store.demo import corpus
 
     build_legacy_store(path, version)
     with contextlib.closing(sqlite3.connect(path)) as conn:
