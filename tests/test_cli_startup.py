@@ -16,7 +16,7 @@ import click
 import pytest
 
 import hermes_store.cli as cli
-from hermes_store.cli import COMMANDS, main
+from hermes_store.cli import COMMANDS, every_command, main
 
 #: What a command pays for only when it runs.
 HEAVY = ("sqlalchemy", "alembic", "rich", "psycopg", "hermes_store.migrate", "hermes_store.store")
@@ -79,16 +79,13 @@ def test_no_command_is_left_out_of_the_list() -> None:
 def test_help_lists_the_commands_as_click_would() -> None:
     """The lazy listing prints what click prints from the commands themselves."""
     ctx = click.Context(main, info_name="hermes-store")
-    lazy = main.get_help(ctx)
     eager = click.Group(
-        name="hermes-store",
-        commands={name: main.get_command(ctx, name) for name in COMMANDS},
-        params=main.params,
-        help=main.help,
-        context_settings=main.context_settings,
-    ).get_help(click.Context(main, info_name="hermes-store"))
-    assert "Commands:" in lazy
-    assert lazy == eager
+        name="hermes-store", commands=every_command(), params=main.params, help=main.help
+    )
+    lazy_text = main.get_help(ctx)
+    eager_text = eager.get_help(click.Context(eager, info_name="hermes-store"))
+    assert "Commands:" in lazy_text
+    assert lazy_text.split("Commands:")[1] == eager_text.split("Commands:")[1]
 
 
 def test_python_m_runs_the_command() -> None:

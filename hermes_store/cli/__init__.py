@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 import click
 
+from hermes_store.errors import one_line
+
 
 class Entry(NamedTuple):
     """Where a command is defined, and the one line the group's help shows for it."""
@@ -112,6 +114,14 @@ class LazyGroup(click.Group):
         assert isinstance(command, click.Command)
         return command
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a usage error of its options is one line, whatever was typed
+        (a carriage return in a value would otherwise break the message in two)."""
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise click.UsageError(one_line(exc.format_message()), exc.ctx) from None
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The command list from :data:`COMMANDS`, without importing a command (cut to
         the width as click cuts a command's own summary)."""
@@ -122,6 +132,13 @@ class LazyGroup(click.Group):
         ]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def every_command() -> dict[str, click.Command]:
+    """Each command by name, imported (what the documentation and its tests read)."""
+    ctx = click.Context(main)
+    found = {name: main.get_command(ctx, name) for name in main.list_commands(ctx)}
+    return {name: command for name, command in found.items() if command is not None}
 
 
 def show_warning(

@@ -9,7 +9,7 @@ import click
 
 from hermes_store.cli.common import json_option, operator_errors
 from hermes_store.cli.output import emit_json, emit_records, say
-from hermes_store.cli.progress import copy_bar, interactive
+from hermes_store.cli.progress import copy_bar
 from hermes_store.copy import copy_store
 
 
@@ -49,7 +49,7 @@ def copy_command(
     """
 
     try:
-        with operator_errors(), copy_bar(interactive() and not as_json) as draw:
+        with operator_errors(), copy_bar(not as_json) as draw:
             result = copy_store(
                 source,
                 target,

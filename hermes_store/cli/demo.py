@@ -15,8 +15,8 @@ from sqlalchemy import Connection, inspect
 from hermes_store import migrate
 from hermes_store.cli.common import operator_errors, server_url
 from hermes_store.cli.output import emit_records, say
-from hermes_store.cli.progress import interactive, progress_lines
-from hermes_store.cli.reports import _print_server_storage, render_storage
+from hermes_store.cli.progress import progress_lines
+from hermes_store.cli.reports import render_server_storage, render_storage
 from hermes_store.copy import copy_store
 from hermes_store.demo import corpus as corpus_mod
 from hermes_store.engine import (
@@ -170,7 +170,7 @@ def _demo_target(db: str | None) -> str | None:
 
 def run_demo_on_server(path: Path, url: str) -> None:
     """The demo's PostgreSQL part: copy the store into the empty database, compare."""
-    step = progress_lines(interactive())
+    step = progress_lines()
     step(f"copying the upgraded store into {display_url(url)} (hermes-store copy)")
     # The demo compares the searches itself, on every demo query: no sample-search check.
     copied = copy_store(str(path), url, verify=False).rows
@@ -184,7 +184,7 @@ def run_demo_on_server(path: Path, url: str) -> None:
             f"sessions, {copied.get('messages', 0)} messages",
             style="bold",
         )
-        _print_server_storage(report, "text")
+        render_server_storage(report, "text")
         with engine.connect() as conn:
             server_hits = {q: _demo_search(conn, q) for q in DEMO_QUERIES}
     finally:
@@ -226,7 +226,7 @@ def _demo_search(conn: Connection, query: str) -> list[int]:
 
 def run_demo(n_messages: int, path: Path, seed: int) -> None:
     """The demo's steps (see `demo`), writing the store at ``path`` (which must not exist)."""
-    step = progress_lines(interactive())
+    step = progress_lines()
     step(f"generating {n_messages} messages (seed {seed})")
     data = corpus_mod.generate(n_messages, seed)
     step("writing a legacy schema-30 store (inline FTS5, as the Hermes agent leaves it)")

@@ -17,7 +17,7 @@ from hermes_store.cli.common import (
     refuse_on_server,
 )
 from hermes_store.cli.output import emit_json, emit_records, format_options, say, shorten
-from hermes_store.cli.progress import backfill_bar, interactive, interrupted, phases
+from hermes_store.cli.progress import backfill_bar, interrupted, phases
 from hermes_store.cli.schema import backfill_status
 from hermes_store.engine import (
     db_path,
@@ -80,7 +80,7 @@ def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None
             _print_server_optimize(on_server.as_dict(), as_json)
             return
         try:
-            with interrupted(), phases(interactive() and not as_json) as show:
+            with interrupted(), phases(not as_json) as show:
                 result = optimize_store(
                     engine, vacuum=True if full else False if no_vacuum else None, report=show
                 )
@@ -160,7 +160,7 @@ def optimize_storage(
     Example:
       hermes-store optimize-storage --db state.db --max-lock-ms 50
     """
-    show = interactive() and not as_json
+    show = not as_json
     with operator_errors():
         refuse_on_server(
             db,
@@ -296,7 +296,7 @@ def check(
                 engine.dispose()
         elif repair_:
             try:
-                with backfill_bar(interactive() and fmt == "text") as bar:
+                with backfill_bar(fmt == "text") as bar:
                     repaired = repair(
                         engine,
                         backup_to=backup_to.expanduser().absolute() if backup_to else None,

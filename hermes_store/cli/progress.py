@@ -34,9 +34,11 @@ def interactive() -> bool:
     return sys.stderr.isatty()
 
 
-def progress_lines(enabled: bool) -> Callable[[str], None]:
+def progress_lines() -> Callable[[str], None]:
+    """Say each step of long work on stderr, when a person watches it."""
+
     def step(message: str) -> None:
-        if enabled:
+        if interactive():
             say(f"… {message}", err=True, style="dim")
 
     return step
@@ -64,7 +66,7 @@ class TimeLeft(TimeRemainingColumn):
 def phases(show: bool) -> Iterator[Report | None]:
     """Long work's phases on stderr when a person watches: a spinner with the phase and its
     elapsed time, a bar once it can be counted; None (nothing drawn) otherwise."""
-    if not show:
+    if not (show and interactive()):
         yield None
         return
     columns = (
@@ -110,7 +112,7 @@ def phases(show: bool) -> Iterator[Report | None]:
 def rows_bar(show: bool, label: str) -> Iterator[Callable[[int, int | None, str], None]]:
     """A rich progress bar of rows with an ETA on stderr, when it is a terminal; it yields
     ``draw(rows_done, rows_total, description)``."""
-    if not show:
+    if not (show and interactive()):
         yield lambda _done, _total, _description: None
         return
     columns = (
@@ -154,7 +156,7 @@ _COPY_UNITS = {"searching": "searches"}
 def copy_bar(show: bool) -> Iterator[Callable[[Any], None]]:
     """The copy's progress on stderr (a terminal only): comparing both sides, copying,
     deleting, then the verification's checksums and sample searches, each with its bar."""
-    if not show:
+    if not (show and interactive()):
         yield lambda progress_lines: None
         return
     columns = (

@@ -104,7 +104,7 @@ def render_storage(report: StorageReport) -> None:
     )
 
 
-def _print_server_storage(report: ServerStorageReport, fmt: str) -> None:
+def render_server_storage(report: ServerStorageReport, fmt: str) -> None:
     """The storage report of a PostgreSQL store: groups, the text stored once, objects."""
     if fmt == "json":
         emit_json(report.as_dict())
@@ -177,7 +177,7 @@ def storage(db: str | None, fmt: str) -> None:
             with engine.connect() as conn:
                 on_server = server_storage_report(conn)
             engine.dispose()
-            _print_server_storage(on_server, fmt)
+            render_server_storage(on_server, fmt)
             return
         with engine.connect() as conn:
             report = storage_report(conn)

@@ -25,7 +25,7 @@ from hermes_store.cli.common import (
     store_url,
 )
 from hermes_store.cli.output import emit_json, emit_records, format_options, say
-from hermes_store.cli.progress import interactive, interrupted, phases
+from hermes_store.cli.progress import interrupted, phases
 from hermes_store.engine import (
     create_store_engine,
     db_path,
@@ -118,7 +118,7 @@ def upgrade(
     with (
         operator_errors(),
         _interrupted_upgrade(db),
-        phases(interactive() and not as_json) as show,
+        phases(not as_json) as show,
     ):
         store_url(db, create_home=False)
         _refuse_sqlite_upgrade_options(db, backup_to, rebuild_fts, deferred_fts)
@@ -310,7 +310,7 @@ def downgrade(
             return
         if not yes:
             click.confirm(_downgrade_question(str(path or display_url(url)), plan), abort=True)
-        with _interrupted_upgrade(db), phases(interactive() and not as_json) as show:
+        with _interrupted_upgrade(db), phases(not as_json) as show:
             start, end = migrate.downgrade(
                 db,
                 revision,
