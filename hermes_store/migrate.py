@@ -1210,6 +1210,8 @@ def check_revision(target: str) -> None:
     `hermes-store history` (UnknownRevision); ``head``, ``base``, ``-1``, ``fts@-1`` pass."""
     script = script_directory()
     name = target.strip()
+    if not name:  # Alembic asserts on an empty name instead of refusing it
+        raise _unknown_revision(target)
     relative = _ANY_RELATIVE.fullmatch(name)
     if relative is not None:
         labels = {label for rev in script.walk_revisions() for label in rev.branch_labels}

@@ -27,10 +27,12 @@ import pytest
 from click.testing import CliRunner, Result
 from legacy.build import build_legacy_store
 
-from hermes_store import cli, fts, migrate
-from hermes_store.cli import main
+from hermes_store import fts, migrate
+from hermes_store.cli import demo as demo_command
+from hermes_store.cli import every_command, main, progress
 from hermes_store.demo import corpus
 from hermes_store.engine import ENV_BUSY_TIMEOUT, create_store_engine
+from hermes_store.errors import StoreError
 from hermes_store.search import search_messages
 from hermes_store.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA
 
@@ -211,7 +213,8 @@ def assert_process_error(proc: Proc, *fragments: str) -> None:
 
 
 def test_every_command_has_help_with_an_example() -> None:
-    assert set(main.commands) >= {
+    commands = every_command()
+    assert set(commands) >= {
         "upgrade",
         "current",
         "stats",
@@ -222,7 +225,7 @@ def test_every_command_has_help_with_an_example() -> None:
         "demo",
     }
     assert "Example" in invoke("--help").stdout
-    for name, command in main.commands.items():
+    for name, command in commands.items():
         text = invoke(name, "--help").stdout
         assert "Example" in text, name
         assert f"hermes-store {name}" in text, name  # the example runs this very command
@@ -491,10 +494,10 @@ def test_progress_only_on_a_terminal_and_never_with_json(
     head_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert invoke("optimize", "--db", head_store).stderr == ""  # piped: nothing extra
-    monkeypatch.setattr(cli, "_interactive", lambda: True)
-    progress = invoke("optimize", "--db", head_store, "--vacuum").stderr
-    assert "merging messages_fts" in progress
-    assert "vacuuming" in progress
+    monkeypatch.setattr(progress, "interactive", lambda: True)
+    drawn = invoke("optimize", "--db", head_store, "--vacuum").stderr
+    assert "merging messages_fts" in drawn
+    assert "vacuuming" in drawn
     result = invoke("optimize", "--db", head_store, "--json")
     assert result.stderr == ""
     json.loads(result.stdout)
@@ -730,7 +733,7 @@ def test_search_answers_the_same_before_and_after_the_upgrade(legacy_store: Path
 def demo_rows(out: str) -> dict[str, int]:
     """The demo's "searches before and after" table: hits per query."""
     rows = {}
-    for query in cli.DEMO_QUERIES:
+    for query in demo_command.DEMO_QUERIES:
         found = re.search(rf"^{re.escape(query)}\s+(\d+)\s+identical\s*$", out, re.MULTILINE)
         assert found, (query, out[-2000:])
         rows[query] = int(found.group(1))
@@ -754,7 +757,7 @@ def test_demo_upgrades_a_legacy_store_with_identical_searches(tmp_path: Path) ->
     engine = create_store_engine(path, create=False)
     try:
         with engine.connect() as conn:
-            every = {q: len(search_messages(conn, q, limit=-1)) for q in cli.DEMO_QUERIES}
+            every = {q: len(search_messages(conn, q, limit=-1)) for q in demo_command.DEMO_QUERIES}
     finally:
         engine.dispose()
     assert rows == every
@@ -797,9 +800,9 @@ def test_a_failed_demo_removes_what_it_wrote(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def full_disk(*_args: Any, **_kwargs: Any) -> Any:
-        raise cli.StoreError("the disk is full (a test)")
+        raise StoreError("the disk is full (a test)")
 
-    monkeypatch.setattr(cli, "optimize_store", full_disk)
+    monkeypatch.setattr(demo_command, "optimize_store", full_disk)
     work = tmp_path / "work"
     work.mkdir()
     assert_one_line_error(

@@ -1218,14 +1218,16 @@ def test_progress_covers_the_comparison_the_copy_and_the_verification(
 def test_the_command_shows_progress_on_a_terminal_only(
     source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hermes_store import cli
+    from hermes_store.cli import progress
 
     command = ["copy", "--from", str(source), "--to", str(tmp_path / "t.db")]
     assert CliRunner().invoke(main, command).stderr == ""  # piped: nothing extra
     screen = io.StringIO()
-    monkeypatch.setattr(cli, "_interactive", lambda: True)
+    monkeypatch.setattr(progress, "interactive", lambda: True)
     monkeypatch.setattr(
-        cli, "console", lambda stderr=False: Console(file=screen, force_terminal=stderr, width=100)
+        progress,
+        "console",
+        lambda stderr=False: Console(file=screen, force_terminal=stderr, width=100),
     )
     result = CliRunner().invoke(main, [*command[:-1], str(tmp_path / "u.db")])
     assert result.exit_code == 0, result.output

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 
 from alembic import command as alembic_command
-from hermes_store.cli import main
+from hermes_store.cli import every_command, main
 from hermes_store.demo import corpus
 from hermes_store.engine import ENV_URL, to_url
 from hermes_store.errors import StoreError
@@ -356,7 +356,7 @@ def assert_alembic_refuses_cleanly_in(directory: Path, url: str) -> None:
 def _option_names() -> dict[str, list[click.Option]]:
     """Each command's options that take a value (flags take none), by command name."""
     options: dict[str, list[click.Option]] = {}
-    for name, command in main.commands.items():
+    for name, command in every_command().items():
         options[name] = [
             param
             for param in command.params
@@ -425,7 +425,7 @@ def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def reading_command_lines(draw: st.DrawFn) -> list[str]:
     """A reading command with any values (and flags) of its options."""
     name = draw(st.sampled_from(READING))
-    command = main.commands[name]
+    command = every_command()[name]
     args = [name, *(["some words"] if name == "search" else [])]
     params = [
         param
@@ -486,3 +486,38 @@ def test_a_password_in_a_url_shows_nowhere(
         recorded = conn.execute("SELECT key, value FROM state_meta").fetchall()
     assert recorded
     assert not [row for row in recorded if PASSWORD in str(row)]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["downgrade", "21", "--yes", "--backup", "-0", "--backup", "\r", "--db", "missing.db"],
+        ["search", "--limit", "x\ny", "words"],
+        ["current", "--db", "a.db", "extra\u2028argument"],
+    ],
+)
+def test_a_usage_error_stays_on_one_line_whatever_was_typed(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """click quotes what was typed in its usage errors; a line break in it is escaped."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = invoke(args)
+    assert result.exit_code == 2
+    lines = assert_clean(result)
+    assert is_usage_error(lines)
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["upgrade", "--revision"], ["downgrade", "--yes"], ["stamp"]])
+@pytest.mark.parametrize("name", ["", " "])
+def test_an_empty_revision_is_refused_in_one_line(
+    command: list[str], name: str, small_store: Path
+) -> None:
+    before = small_store.read_bytes()
+    result = invoke([*command, name, "--db", str(small_store)])
+    assert result.exit_code in (1, 2)
+    [line] = assert_clean(result)
+    assert "hermes-store history" in line
+    assert small_store.read_bytes() == before

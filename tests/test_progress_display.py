@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner, Result
 from migration_support import legacy_corpus_store
 
-from hermes_store import cli, migrate
-from hermes_store.cli import main
+from hermes_store import migrate
+from hermes_store.cli import main, progress
 
 #: Control sequences a terminal is drawn with (colour, cursor movement, erasing).
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -114,7 +114,7 @@ def invoke(*args: str | Path) -> Result:
 def test_a_rebuild_says_it_cannot_count_and_shows_the_time_instead(
     legacy_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "_interactive", lambda: True)
+    monkeypatch.setattr(progress, "interactive", lambda: True)
     seen = drawn(invoke("upgrade", "--db", legacy_store, "--rebuild-fts").stderr)
     assert re.search(r"revision fts1: re-indexing every message.* \d+:\d\d:\d\d", seen), seen
 
@@ -123,7 +123,7 @@ def test_downgrade_optimize_and_optimize_storage_show_progress_and_json_does_not
     legacy_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     migrate.upgrade(str(legacy_store), x={"fts_convert": "rebuild", "fts_backfill": "deferred"})
-    monkeypatch.setattr(cli, "_interactive", lambda: True)
+    monkeypatch.setattr(progress, "interactive", lambda: True)
     seen = drawn(invoke("optimize-storage", "--db", legacy_store).stderr)
     assert re.search(r"indexing messages_fts\w*", seen), seen
     assert "800/800 rows" in seen or "800 rows" in seen, seen

@@ -107,3 +107,8 @@ def _plain(value: Any) -> str:
 def say(message: str, *, err: bool = False, style: str | None = None) -> None:
     """One line of text for a person (no rich markup is interpreted in ``message``)."""
     console(stderr=err).print(Text(message, style=style or ""))
+
+
+def shorten(text: str, width: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
