@@ -20,7 +20,7 @@ Where the statements come from (NousResearch/hermes-agent, read, not copied):
 - rewind: ``UPDATE messages SET active = 0 WHERE id IN (...)`` (its rewind mixin).
 - delete: ``SELECT COUNT(*)``, children unparented, messages, then the session, in one
   write transaction.
-- search: the contract it answers by (shared/spec/search.md, written from the
+- search: the contract it answers by (docs/search.md, written from the
   application's ``search_messages``): one SELECT per query on the route's index (or the
   LIKE scan), then the context windows of all hits in one statement, shaped like its
   ``_CONTEXT_WINDOW_SQL`` (``hermes_state_search.py``, commit 02077aa7) minus the columns

@@ -31,7 +31,7 @@ from hermes_store.errors import (
     StoreReadOnly,
     UnsafePath,
 )
-from hermes_store.space import describe_free, free_bytes, sqlite_temp_dir
+from hermes_store.sqlite.space import describe_free, free_bytes, sqlite_temp_dir
 
 log = logging.getLogger(__name__)
 

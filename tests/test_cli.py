@@ -27,14 +27,15 @@ import pytest
 from click.testing import CliRunner, Result
 from legacy.build import build_legacy_store
 
-from hermes_store import fts, migrate
+from hermes_store import migrate
 from hermes_store.cli import demo as demo_command
 from hermes_store.cli import every_command, main, progress
 from hermes_store.demo import corpus
 from hermes_store.engine import ENV_BUSY_TIMEOUT, create_store_engine
 from hermes_store.errors import StoreError
 from hermes_store.search import search_messages
-from hermes_store.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA
+from hermes_store.sqlite import fts
+from hermes_store.sqlite.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.engine import create_store_engine
-from hermes_store.storage import FTS_COPIES, FTS_INDEX, MESSAGE_DATA
+from hermes_store.sqlite.storage import FTS_COPIES, FTS_INDEX, MESSAGE_DATA
 
 pytestmark = pytest.mark.postgresql
 

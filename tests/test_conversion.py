@@ -29,11 +29,12 @@ from parity_queries import PARITY_QUERIES
 from sqlalchemy import Engine, event
 from sqlalchemy import exc as sa_exc
 
-from hermes_store import fts, migrate
+from hermes_store import migrate
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.search import search_messages
-from hermes_store.storage import FTS_COPIES, storage_report
+from hermes_store.sqlite import fts
+from hermes_store.sqlite.storage import FTS_COPIES, storage_report
 from hermes_store.store import NewMessage, Store
 
 CORPUS_MESSAGES = 1200

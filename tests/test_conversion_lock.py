@@ -31,12 +31,13 @@ from migration_support import clone, migration_log
 from sqlalchemy import Connection, text
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
-from hermes_store import backfill, fts, migrate
+from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine, flush_to_disk, joined_transaction
 from hermes_store.revisions import fts_conversion
 from hermes_store.search import search_messages
+from hermes_store.sqlite import backfill, fts
 
 WORD, TRIGRAM = fts.INDEXES
 CHANGE_LOG = "hermes_store_conversion_changes"
@@ -355,7 +356,8 @@ def test_a_failed_upgrade_leaves_no_change_log(
 KILLER = textwrap.dedent(
     """
     import os, signal, sys
-    from hermes_store import backfill, migrate
+    from hermes_store import migrate
+    from hermes_store.sqlite import backfill
 
     db, at = sys.argv[1], int(sys.argv[2])
     real = backfill.retire_step

@@ -49,8 +49,7 @@ from reliability_support import (
 from sqlalchemy import Engine, event
 
 from alembic import command as alembic_command
-from hermes_store import backfill, maintenance, migrate
-from hermes_store.backup import backup
+from hermes_store import migrate
 from hermes_store.engine import (
     ENV_BUSY_TIMEOUT,
     WalUnavailableWarning,
@@ -65,8 +64,10 @@ from hermes_store.errors import (
     StoreReadOnly,
     UnsafePath,
 )
-from hermes_store.fts import LAYOUT_MARKER
 from hermes_store.search import search_messages
+from hermes_store.sqlite import backfill, maintenance
+from hermes_store.sqlite.backup import backup
+from hermes_store.sqlite.fts import LAYOUT_MARKER
 from hermes_store.store import NewMessage, Store
 
 # ======================================================================================

@@ -3,7 +3,7 @@
 The fuzz drives `search_messages` with arbitrary Unicode (NUL, lone surrogates, control
 characters, very long strings, FTS5 operators, quotes, `*`, `NEAR(`, column filters) and
 hostile filters, and judges each hit with an oracle written from the search contract
-(shared/spec/search.md), not from the implementation: a hit must satisfy the caller's
+(docs/search.md), not from the implementation: a hit must satisfy the caller's
 filters, and its message's *current* text, indexed alone in a fresh FTS5 table with the
 same tokenizer, must match the query's expression (or, on the LIKE path, contain a token).
 """

@@ -26,10 +26,11 @@ import pytest
 from click.testing import CliRunner, Result
 from migration_support import legacy_corpus_store
 
-from hermes_store import backfill, fts, migrate
+from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.errors import Interrupted
 from hermes_store.revisions import fts_conversion
+from hermes_store.sqlite import backfill, fts
 
 HEAD = migrate.head_revision()
 SET_ASIDE = [fts.retired_copy_name(index) for index in fts.INDEXES]

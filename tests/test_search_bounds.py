@@ -21,8 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
-from hermes_store import fts5_snippet, migrate
-from hermes_store.fts5_snippet import (
+from hermes_store import migrate
+from hermes_store.postgresql import search as postgresql
+from hermes_store.search import search_messages
+from hermes_store.search import snippet as fts5_snippet
+from hermes_store.search.snippet import (
     EXACT_INSTANCES,
     WINDOW_BEFORE,
     WINDOW_CHARS,
@@ -34,7 +37,7 @@ from hermes_store.fts5_snippet import (
     bounded_word_snippet,
     word_snippet,
 )
-from hermes_store.search import postgresql, search_messages, sqlite
+from hermes_store.sqlite import search as sqlite
 from hermes_store.store import NewMessage, Store
 
 KB = 1024

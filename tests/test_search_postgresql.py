@@ -41,15 +41,15 @@ from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.errors import QueryTooComplex
 from hermes_store.models import Base
+from hermes_store.postgresql import search as postgresql
+from hermes_store.postgresql.search import _ascii_caseless, _Binds, tsquery_of
 from hermes_store.search import (
     TRIGRAM_INDEX,
     WORD_INDEX,
-    postgresql,
     sanitize_query,
     search_messages,
     search_store,
 )
-from hermes_store.search.postgresql import _ascii_caseless, _Binds, tsquery_of
 from hermes_store.search.query import (
     _escape_like,
     _Route,

@@ -13,7 +13,7 @@ from alembic.util import CommandError
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store import migrate, server
+from hermes_store import migrate
 from hermes_store.engine import (
     create_store_engine,
     db_path,
@@ -31,6 +31,7 @@ from hermes_store.errors import (
     StoreNotFound,
     one_line,
 )
+from hermes_store.postgresql import migration as server
 
 F = TypeVar("F", bound=Callable[..., Any])
 

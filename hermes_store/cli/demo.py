@@ -29,11 +29,11 @@ from hermes_store.errors import (
     NotOnThisDatabase,
     StoreError,
 )
-from hermes_store.maintenance import optimize as optimize_store
+from hermes_store.postgresql.maintenance import optimize_server
+from hermes_store.postgresql.storage import server_storage_report
 from hermes_store.search import search_messages
-from hermes_store.server_maintenance import optimize_server
-from hermes_store.server_storage import server_storage_report
-from hermes_store.storage import human_bytes, storage_report
+from hermes_store.sqlite.maintenance import optimize as optimize_store
+from hermes_store.sqlite.storage import human_bytes, storage_report
 
 DEMO_QUERIES = ("error", "import json", "TODO: fix", "def*", "terminal OR docker", "数据库")
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 
-from hermes_store import backfill
 from hermes_store.cli.common import (
     db_option,
     json_option,
@@ -25,12 +24,13 @@ from hermes_store.engine import (
     require_writable,
     sqlite_errors,
 )
-from hermes_store.fts import CheckResult
-from hermes_store.maintenance import RepairResult, check_store, repair
-from hermes_store.maintenance import optimize as optimize_store
-from hermes_store.server_check import check_server, repair_server
-from hermes_store.server_maintenance import optimize_server
-from hermes_store.storage import human_bytes
+from hermes_store.postgresql.check import check_server, repair_server
+from hermes_store.postgresql.maintenance import optimize_server
+from hermes_store.sqlite import backfill
+from hermes_store.sqlite.fts import CheckResult
+from hermes_store.sqlite.maintenance import RepairResult, check_store, repair
+from hermes_store.sqlite.maintenance import optimize as optimize_store
+from hermes_store.sqlite.storage import human_bytes
 
 
 @click.command()

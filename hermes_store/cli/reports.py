@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from hermes_store import fts
 from hermes_store.cli.common import db_option, open_existing, operator_errors
 from hermes_store.cli.output import emit_json, emit_records, format_options, say
 from hermes_store.cli.schema import backfill_status
@@ -14,10 +13,11 @@ from hermes_store.engine import (
     db_path,
     is_server,
 )
-from hermes_store.maintenance import store_stats
-from hermes_store.server_maintenance import server_stats
-from hermes_store.server_storage import ServerStorageReport, server_storage_report
-from hermes_store.storage import GROUPS, StorageReport, human_bytes, storage_report
+from hermes_store.postgresql.maintenance import server_stats
+from hermes_store.postgresql.storage import ServerStorageReport, server_storage_report
+from hermes_store.sqlite import fts
+from hermes_store.sqlite.maintenance import store_stats
+from hermes_store.sqlite.storage import GROUPS, StorageReport, human_bytes, storage_report
 
 
 @click.command()

@@ -13,7 +13,7 @@ from typing import Any
 import click
 from sqlalchemy import Connection, Engine
 
-from hermes_store import backfill, fts, migrate, server
+from hermes_store import migrate
 from hermes_store.cli.common import (
     backup_options,
     db_option,
@@ -35,8 +35,10 @@ from hermes_store.engine import (
 from hermes_store.errors import (
     StoreError,
 )
+from hermes_store.postgresql import migration as server
+from hermes_store.postgresql.check import search_index_states
 from hermes_store.revisions import script_directory
-from hermes_store.server_check import search_index_states
+from hermes_store.sqlite import backfill, fts
 
 
 @click.command()

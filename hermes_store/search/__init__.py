@@ -1,4 +1,4 @@
-"""The message-search contract (shared/spec/search.md): sanitising, routing, filters, context.
+"""The message-search contract (docs/search.md): sanitising, routing, filters, context.
 
 The package: ``query`` (sanitising, routing, the query tree: both databases), ``schema``
 (tables, filters, result columns), ``context`` (context rows, result types), ``sqlite`` and
@@ -17,8 +17,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from hermes_store.errors import UnsupportedLayout
+from hermes_store.postgresql import search as postgresql
 from hermes_store.prepared import Connections, driver
-from hermes_store.search import postgresql
 from hermes_store.search.context import (
     ContextMessage,
     SearchHit,
@@ -46,7 +46,7 @@ from hermes_store.search.query import (
     without_repeats,
 )
 from hermes_store.search.schema import _Filters
-from hermes_store.search.sqlite import (
+from hermes_store.sqlite.search import (
     _degraded,
     _fetch_hits,
     _NeedsConnection,
@@ -98,7 +98,7 @@ def search_messages(
     sort: str | None = None,
     include_inactive: bool = False,
 ) -> SearchResults:
-    """Search message text exactly as the legacy application did (shared/spec/search.md).
+    """Search message text exactly as the legacy application did (docs/search.md).
 
     Never answers wrongly without saying so: when the index a query needs is damaged, the
     hits come from an exact scan of `messages`, one WARNING is logged and the result's
@@ -168,7 +168,7 @@ def _sanitized(query: str) -> str:
 def _search_on_server(
     conn: Connection, query: str, filters: _Filters, sort: str | None, page: tuple[int, int]
 ) -> SearchResults:
-    """search_messages' answer on PostgreSQL (hermes_store.search.postgresql)."""
+    """search_messages' answer on PostgreSQL (hermes_store.postgresql.search)."""
     sanitized = _sanitized(query)
     if not sanitized:
         return SearchResults()

@@ -577,7 +577,7 @@ Group = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
 
 @dataclass(frozen=True)
 class Highlight:
-    """What a snippet marks (the arguments of hermes_store.fts5_snippet's functions).
+    """What a snippet marks (the arguments of hermes_store.search.snippet's functions).
 
     ``phrases``: each phrase as its written segments, (text, is_prefix), in query order.
     ``near``: each NEAR group as (indexes of its phrases, distance). ``groups``: the query

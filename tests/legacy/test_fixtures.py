@@ -1,4 +1,4 @@
-"""The legacy store builders produce what shared/spec/legacy-store.md describes.
+"""The legacy store builders produce what docs/legacy-store.md describes.
 
 The expected v21 schema below is restated from the spec by hand, independently of `ddl.py`,
 so a typo in the frozen DDL shows up as a difference here. The additions of 22 to 30 are

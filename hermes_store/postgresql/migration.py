@@ -17,10 +17,10 @@ from typing import Any
 
 from sqlalchemy import Connection, inspect, text
 
-from hermes_store import fts
 from hermes_store.engine import create_store_engine, display_url
 from hermes_store.errors import StoreBusy, StoreError
 from hermes_store.models import Base
+from hermes_store.sqlite import fts
 
 #: pg_advisory_lock key held while revisions run ("hermes" in ASCII, then 1).
 UPGRADE_LOCK_KEY = 0x6865726D657301

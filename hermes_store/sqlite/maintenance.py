@@ -17,9 +17,6 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store import backfill
-from hermes_store.backfill import pending, rows_left
-from hermes_store.backup import backup_from, default_backup_path, remove_partials
 from hermes_store.declared import Declared, app_version, declared_objects
 from hermes_store.engine import (
     BEGIN_OPTION,
@@ -29,7 +26,11 @@ from hermes_store.engine import (
     translate_error,
 )
 from hermes_store.errors import Interrupted, NotEnoughFreeSpace, StoreError
-from hermes_store.fts import (
+from hermes_store.progress import Phase, Report, Tracker
+from hermes_store.sqlite import backfill
+from hermes_store.sqlite.backfill import pending, rows_left
+from hermes_store.sqlite.backup import backup_from, default_backup_path, remove_partials
+from hermes_store.sqlite.fts import (
     DIFFERS,
     INDEXES,
     MISSING,
@@ -47,8 +48,7 @@ from hermes_store.fts import (
     segment_count,
     staged_indexes,
 )
-from hermes_store.progress import Phase, Report, Tracker
-from hermes_store.space import Need, require_free, sqlite_temp_dir
+from hermes_store.sqlite.space import Need, require_free, sqlite_temp_dir
 
 log = logging.getLogger(__name__)
 

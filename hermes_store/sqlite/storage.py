@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from hermes_store.fts import INDEXES, layout, retired_copy_name, retired_name, staged_name
+from hermes_store.sqlite.fts import INDEXES, layout, retired_copy_name, retired_name, staged_name
 
 MESSAGE_DATA = "message data"
 FTS_INDEX = "FTS index data"

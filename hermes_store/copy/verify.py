@@ -2,7 +2,7 @@
 
 `verify` reads the target afresh and compares it with the source as the copy read it
 (one snapshot): the revision, the row count and a checksum of every table
-(``hermes_store.tablesum``: computed in Python over the values the drivers return, so no
+(``hermes_store.copy.tablesum``: computed in Python over the values the drivers return, so no
 database hash function is trusted), the search markers side by side, and the hit sets of
 sample searches run on both sides.
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, text
 
-from hermes_store.copy_rows import (
+from hermes_store.copy.rows import (
     MARKER_PREFIX,
     REVISION_TABLES,
     CopyProgress,
@@ -40,9 +40,9 @@ from hermes_store.copy_rows import (
     read_snapshot,
     revisions,
 )
+from hermes_store.copy.tablesum import table_sum
 from hermes_store.engine import create_store_engine, to_url
 from hermes_store.models import Base
-from hermes_store.tablesum import table_sum
 
 __all__ = ["SampleSearch", "SearchCheck", "TableCheck", "Verification", "choose_searches", "verify"]
 

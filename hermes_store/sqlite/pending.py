@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import ColumnElement, LargeBinary, String, and_, bindparam, false, func, or_, select
 from sqlalchemy.engine import Connection
 
-from hermes_store import fts
 from hermes_store.search.context import _chunks
 from hermes_store.search.query import TRIGRAM_INDEX, WORD_INDEX, _escape_like, _Route
 from hermes_store.search.schema import _RESULT_COLUMNS, _filter_criteria, _Filters, _m, _s
+from hermes_store.sqlite import fts
 
 if TYPE_CHECKING:
-    from hermes_store.search.sqlite import _Runner, _State
+    from hermes_store.sqlite.search import _Runner, _State
 
 # -- a deferred backfill in progress --------------------------------------------------------
 # While `optimize-storage` has not yet indexed the ids (indexed_upto, high_water] of an
@@ -207,7 +207,7 @@ def _match_apart(route: _Route, rows: list[tuple[int, str]]) -> list[tuple[int, 
     it works even in a transaction where a damaged index made FTS5 fail (SQLite then
     refuses to create another FTS5 table until that transaction ends).
     """
-    from hermes_store.search.sqlite import _cheap_bytes, _snippets_of  # imports this module
+    from hermes_store.sqlite.search import _cheap_bytes, _snippets_of  # imports this module
 
     assert route.index is not None
     snippet = f"snippet({_PENDING_TABLE}, 0, '>>>', '<<<', '...', 40)"
@@ -217,7 +217,7 @@ def _match_apart(route: _Route, rows: list[tuple[int, str]]) -> list[tuple[int, 
         )
         apart.executemany(f"INSERT INTO {_PENDING_TABLE}(rowid, content) VALUES (?, ?)", rows)
         # FTS5's snippet where it is cheap whatever the text; the longer ones after it, as
-        # the search statement's (hermes_store.search.sqlite._snippets_of).
+        # the search statement's (hermes_store.sqlite.search._snippets_of).
         matched = apart.execute(
             f"SELECT rowid, rank, CASE WHEN length(CAST(content AS BLOB)) <= ? THEN {snippet} END "
             f"FROM {_PENDING_TABLE} WHERE {_PENDING_TABLE} MATCH ?",

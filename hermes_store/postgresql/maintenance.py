@@ -1,6 +1,6 @@
 """Keeping a PostgreSQL store healthy: counts, and optimize (`VACUUM (ANALYZE)`).
 
-The counterpart of :mod:`hermes_store.maintenance` for a database server: there is no
+The counterpart of :mod:`hermes_store.sqlite.maintenance` for a database server: there is no
 file to shrink, no WAL to checkpoint and no FTS5 segment to merge. What `optimize` means
 there is a plain VACUUM of the store's tables (dead row versions made reusable, the
 visibility map and the GIN indexes' pending lists brought up to date) with ANALYZE (the
@@ -15,9 +15,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from hermes_store.maintenance import store_stats
 from hermes_store.models import Base
-from hermes_store.server import ALEMBIC_TABLE, relations
+from hermes_store.postgresql.migration import ALEMBIC_TABLE, relations
+from hermes_store.sqlite.maintenance import store_stats
 
 
 @dataclass

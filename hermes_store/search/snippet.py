@@ -1,7 +1,7 @@
 """SQLite FTS5's ``snippet()`` reproduced in pure Python, for databases without FTS5, and
 snippets of bounded cost for texts too large or too dense for it.
 
-The search contract (shared/spec/search.md) returns, for each hit,
+The search contract (docs/search.md) returns, for each hit,
 ``snippet(messages_fts, 0, '>>>', '<<<', '...', 40)`` on the word path and
 ``snippet(messages_fts_trigram, 0, '>>>', '<<<', '...', 40)`` on the trigram path. A
 database without FTS5 (PostgreSQL) fetches the indexed text of each hit on the page and

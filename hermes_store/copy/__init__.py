@@ -5,7 +5,7 @@ in foreign-key order, keeping every id. The source is only ever read: a SQLite s
 opened through a ``file:...?mode=ro`` URI, a PostgreSQL one in a read-only transaction;
 a whole run reads one snapshot of it.
 
-Each run compares before it writes (``hermes_store.copy_rows``): both sides are read in key
+Each run compares before it writes (``hermes_store.copy.rows``): both sides are read in key
 order and compared row by row by checksum, so the run knows which source rows the target
 lacks, which it holds with other values and which target rows the source no longer
 has, and every source value is checked (type, UTF-8, NOT NULL, foreign keys) before the
@@ -36,7 +36,7 @@ describe a database's own search index (`hermes_store.fts_layout`: 'external' on
 'expression' on PostgreSQL; the deferred-backfill markers; `fts_optimize_available`) keep
 the value the target's upgrade wrote; every other key is copied.
 
-Verification (``hermes_store.copy_verify``) reads the target again and compares it with the
+Verification (``hermes_store.copy.verify``) reads the target again and compares it with the
 snapshot the copy read: checksums of every table and sample searches chosen from the
 source's text.
 """
@@ -75,8 +75,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from hermes_store import migrate, server
-from hermes_store.copy_rows import (
+from hermes_store import migrate
+from hermes_store.copy.rows import (
     MARKER_PREFIX,
     PEER_TRIGGERS,
     CopyProgress,
@@ -98,8 +98,8 @@ from hermes_store.copy_rows import (
     shown_key,
     unique_columns,
 )
-from hermes_store.copy_verify import Verification, verify_copy
-from hermes_store.copy_verify import verify as verify_target
+from hermes_store.copy.verify import Verification, verify_copy
+from hermes_store.copy.verify import verify as verify_target
 from hermes_store.engine import (
     backend_name,
     connect_read_only,
@@ -110,6 +110,7 @@ from hermes_store.engine import (
     to_url,
 )
 from hermes_store.errors import SchemaTooNew, StoreNotFound
+from hermes_store.postgresql import migration as server
 from hermes_store.revisions import head_revision, script_directory
 
 log = logging.getLogger(__name__)

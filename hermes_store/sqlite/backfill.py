@@ -30,7 +30,9 @@ from sqlalchemy.exc import OperationalError
 
 from hermes_store.engine import BEGIN_OPTION, joined_transaction
 from hermes_store.errors import Interrupted
-from hermes_store.fts import (
+from hermes_store.progress import Phase, Report
+from hermes_store.revisions import fts_conversion, fts_head
+from hermes_store.sqlite.fts import (
     INDEXES,
     SOURCE_VIEW,
     begin_writing,
@@ -42,8 +44,6 @@ from hermes_store.fts import (
     staged_indexes,
     staged_name,
 )
-from hermes_store.progress import Phase, Report
-from hermes_store.revisions import fts_conversion, fts_head
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Snippets are FTS5's own up to SNIPPET_EXACT_BYTES and fts5_snippet.EXACT_INSTANCES (the
 search statement makes those that are cheap whatever the text, _bounded_snippets the
-others after it); past them, bounded (:mod:`hermes_store.fts5_snippet`).
+others after it); past them, bounded (:mod:`hermes_store.search.snippet`).
 """
 
 from __future__ import annotations
@@ -38,16 +38,9 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store import fts, fts5_snippet
 from hermes_store.prepared import Driver, Prepared
+from hermes_store.search import snippet as fts5_snippet
 from hermes_store.search.context import CONTEXT_WINDOW_IDS, _chunks
-from hermes_store.search.pending import (
-    _TOKENIZERS,
-    _merge_pending,
-    _pending_hits,
-    _pending_ranges,
-    _scan_hits,
-)
 from hermes_store.search.query import (
     _ASCII_LOWER,
     MAX_SEARCH_TERMS,
@@ -70,6 +63,14 @@ from hermes_store.search.schema import (
     _Filters,
     _m,
     _s,
+)
+from hermes_store.sqlite import fts
+from hermes_store.sqlite.pending import (
+    _TOKENIZERS,
+    _merge_pending,
+    _pending_hits,
+    _pending_ranges,
+    _scan_hits,
 )
 
 log = logging.getLogger(__name__)

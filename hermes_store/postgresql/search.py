@@ -21,7 +21,7 @@ expression for cheap and would rather re-tokenise every row. Rank is ``ts_rank_c
 path) or pg_trgm's ``similarity`` (trigram path), higher first, not FTS5's BM25; ties go
 to the lower id. Only the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES are
 ranked; older ones follow them, newest first. Snippets are made in Python from the indexed
-text of the page's hits (:mod:`hermes_store.fts5_snippet`), bounded past
+text of the page's hits (:mod:`hermes_store.search.snippet`), bounded past
 SNIPPET_EXACT_BYTES or EXACT_INSTANCES. README, "Search on PostgreSQL", lists every
 difference from SQLite.
 """
@@ -54,13 +54,6 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store.errors import SearchFailed
-from hermes_store.fts5_snippet import (
-    bounded_trigram_snippet,
-    bounded_word_snippet,
-    exact_is_bounded,
-    trigram_snippet,
-    word_snippet,
-)
 from hermes_store.models import SERVER_ESCAPE, SERVER_NUL, from_server_text, to_server_text
 from hermes_store.search.context import CONTEXT_WINDOWS, SearchHit, SearchResults, contexts_of
 from hermes_store.search.query import (
@@ -90,6 +83,13 @@ from hermes_store.search.schema import (
     _Filters,
     _m,
     _s,
+)
+from hermes_store.search.snippet import (
+    bounded_trigram_snippet,
+    bounded_word_snippet,
+    exact_is_bounded,
+    trigram_snippet,
+    word_snippet,
 )
 
 log = logging.getLogger(__name__)

@@ -29,9 +29,6 @@ from sqlalchemy.pool import StaticPool
 
 from alembic import command
 from alembic import context as alembic_context
-from hermes_store import backfill, fts, server, space
-from hermes_store.backup import BackupResult, backup, backup_from
-from hermes_store.backup import check_target as check_backup_target
 from hermes_store.engine import (
     BEGIN_OPTION,
     ENV_URL,
@@ -61,7 +58,7 @@ from hermes_store.errors import (
     UnknownRevision,
     UnknownSchema,
 )
-from hermes_store.maintenance import truncate_wal
+from hermes_store.postgresql import migration as server
 from hermes_store.progress import Phase, Report, Tracker, quiet
 from hermes_store.revisions import (
     APP_VERSIONS,
@@ -75,7 +72,11 @@ from hermes_store.revisions import (
     require_script_location,
     script_directory,
 )
-from hermes_store.storage import FTS_SHADOWS, btree_bytes, human_bytes
+from hermes_store.sqlite import backfill, fts, space
+from hermes_store.sqlite.backup import BackupResult, backup, backup_from
+from hermes_store.sqlite.backup import check_target as check_backup_target
+from hermes_store.sqlite.maintenance import truncate_wal
+from hermes_store.sqlite.storage import FTS_SHADOWS, btree_bytes, human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -1099,7 +1100,7 @@ def check_upgrade_space(
     """Refuse, before anything is written, an upgrade the disk has no room for.
 
     Raises NotEnoughFreeSpace (a DiskFull) saying what is needed and what is free on which
-    file system. The need is what the pending steps write (:mod:`hermes_store.space`): the
+    file system. The need is what the pending steps write (:mod:`hermes_store.sqlite.space`): the
     search conversion's write-ahead log next to the store and its savepoint journal in
     SQLite's temporary directory (in place, from the two inline copies' size; rebuilt when
     `fts_convert=rebuild` asks for it, from the inline indexes' size), the application's

@@ -1,6 +1,6 @@
 """Where the bytes go on PostgreSQL: every table and index of the store, grouped.
 
-The counterpart of :mod:`hermes_store.storage` (which reads SQLite's `dbstat`): the server
+The counterpart of :mod:`hermes_store.sqlite.storage` (which reads SQLite's `dbstat`): the server
 gives each table's bytes (heap, TOAST, free-space and visibility maps: `pg_table_size`)
 and each index's (`pg_relation_size`). The report also carries what shows that the
 message text is stored once there: no tsvector column, no table beside the models' own
@@ -15,9 +15,9 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from hermes_store.fts import INDEXES
-from hermes_store.server import facts, foreign_tables, relations
-from hermes_store.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA, OTHER
+from hermes_store.postgresql.migration import facts, foreign_tables, relations
+from hermes_store.sqlite.fts import INDEXES
+from hermes_store.sqlite.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA, OTHER
 
 #: The group the search indexes are filed under (the SQLite report's "FTS index data").
 SEARCH_INDEX = FTS_INDEX

@@ -27,11 +27,11 @@ from sqlalchemy.exc import DBAPIError
 from hermes_store.declared import Declared, declared_objects, newest_app_version
 from hermes_store.engine import translate_error
 from hermes_store.errors import StoreError
-from hermes_store.fts import INDEXES, CheckResult
-from hermes_store.maintenance import RepairResult
+from hermes_store.postgresql.maintenance import store_tables
+from hermes_store.postgresql.migration import facts
 from hermes_store.revisions import FTS_EXTERNAL_REVISION, fts_conversion, script_directory
-from hermes_store.server import facts
-from hermes_store.server_maintenance import store_tables
+from hermes_store.sqlite.fts import INDEXES, CheckResult
+from hermes_store.sqlite.maintenance import RepairResult
 
 #: The revision that creates the display triggers (on PostgreSQL, a function each).
 DISPLAY_REVISION = "30"

@@ -1,6 +1,6 @@
 """What a copy must write: one table of the source and of the target compared row by row.
 
-Both sides are read in key order, each row reduced to its ``hermes_store.tablesum``
+Both sides are read in key order, each row reduced to its ``hermes_store.copy.tablesum``
 digest, and the two streams merged: a source row the target lacks is to be inserted, one
 the target holds with other values updated, a target row the source no longer holds
 deleted. Text keys are ordered by code point on both databases (SQLite's BINARY,
@@ -43,10 +43,11 @@ from sqlalchemy import (
     tuple_,
 )
 
-from hermes_store import fts, server
+from hermes_store.copy.tablesum import RowHasher, TableChecksum
 from hermes_store.errors import StoreError
 from hermes_store.models import Base
-from hermes_store.tablesum import RowHasher, TableChecksum
+from hermes_store.postgresql import migration as server
+from hermes_store.sqlite import fts
 
 __all__ = [
     "MARKER_PREFIX",
@@ -387,7 +388,7 @@ class TableDiff:
     updated: int = 0
     same: int = 0
     source_rows: int = 0
-    #: Both sides' checksums (``hermes_store.tablesum``: the sum of the row digests).
+    #: Both sides' checksums (``hermes_store.copy.tablesum``: the sum of the row digests).
     source_sum: int = 0
     target_sum: int = 0
     #: Values of the PEER_TRIGGERS column of rows updated or deleted (old and new).
