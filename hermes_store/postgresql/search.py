@@ -22,7 +22,7 @@ path) or pg_trgm's ``similarity`` (trigram path), higher first, not FTS5's BM25;
 to the lower id. Only the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES are
 ranked; older ones follow them, newest first. Snippets are made in Python from the indexed
 text of the page's hits (:mod:`hermes_store.search.snippet`), bounded past
-SNIPPET_EXACT_BYTES or EXACT_INSTANCES. README, "Search on PostgreSQL", lists every
+SNIPPET_EXACT_BYTES or EXACT_INSTANCES. docs/search.md, "PostgreSQL", lists every
 difference from SQLite.
 """
 
@@ -107,7 +107,7 @@ SNIPPET_MARKS = {"start": ">>>", "end": "<<<", "ellipsis": "..."}
 SNIPPET_EXACT_BYTES = 64 * 1024
 #: Up to this NEAR distance a two-phrase NEAR group is translated exactly (an OR of the
 #: ``<N>`` distances, both orders); beyond, and for three phrases or more, as the AND of
-#: its phrases, a superset (see README, "Search on PostgreSQL").
+#: its phrases, a superset (see docs/search.md, "PostgreSQL").
 NEAR_EXACT_DISTANCE = 32
 
 _UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

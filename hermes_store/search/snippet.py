@@ -71,8 +71,8 @@ ellipsis="...") -> str``
     characters before the first instance of a marked phrase (the phrases of the groups'
     operands; every phrase without ``groups``), less a word token an edge of the window
     cuts, each marked phrase marked wherever it occurs in it, with the ellipsis where the
-    window cuts the text. Search uses them past its size and instance limits (README,
-    "Search").
+    window cuts the text. Search uses them past its size and instance limits (docs/search.md,
+    "Bounds").
 
 What it reproduces
 ------------------

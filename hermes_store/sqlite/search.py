@@ -87,8 +87,8 @@ SQL_LIKE_TOKENS = 4
 _JSON_PATTERNS = "json_each"
 #: A hit's snippet is FTS5's own snippet() when its indexed text is at most this many bytes
 #: and holds at most fts5_snippet.EXACT_INSTANCES instances of the query's phrases (FTS5's
-#: time grows with their square); otherwise a bounded one (fts5_snippet.bounded_*). README,
-#: "Search", says where the two differ.
+#: time grows with their square); otherwise a bounded one (fts5_snippet.bounded_*).
+#: docs/search.md, "Bounds", says where the two differ.
 SNIPPET_EXACT_BYTES = 256 * 1024
 _SNIPPET = "snippet({}, 0, '>>>', '<<<', '...', 40)"
 
