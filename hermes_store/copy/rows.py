@@ -43,10 +43,10 @@ from sqlalchemy import (
     tuple_,
 )
 
+from hermes_store.backend import backend_of
 from hermes_store.copy.tablesum import RowHasher, TableChecksum
-from hermes_store.errors import StoreError
+from hermes_store.errors import CopyRefused
 from hermes_store.models import Base
-from hermes_store.postgresql import migration as server
 from hermes_store.sqlite import fts
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "Run",
     "TableDiff",
     "compare_table",
+    "copied_table",
     "copied_tables",
     "count_rows",
     "is_own_key",
@@ -83,8 +84,8 @@ OWN_KEYS = frozenset({fts.LAYOUT_MARKER, "fts_optimize_available", fts.APPLICATI
 OWN_PREFIXES = ("hermes_store.", "messages_fts")
 #: Tables the target's own upgrade fills (no primary key to page by): compared, not copied.
 REVISION_TABLES = frozenset({"schema_version"})
-#: The collation that orders text by code point, per database (what Python compares by).
-CODE_POINT_COLLATION = {"sqlite": "BINARY", "postgresql": "C"}
+#: Alembic's version table, where both databases keep their revisions.
+ALEMBIC_TABLE = "alembic_version"
 #: Tables whose triggers on the target rewrite other rows than the one written, and the
 #: column that bounds those rows: the display triggers (application schema 30) set the
 #: display_order / display_identity of a message's peers in its session when a message
@@ -93,10 +94,6 @@ PEER_TRIGGERS = {"messages": "session_id"}
 #: Text that did not decode as UTF-8 reaches Python as lone surrogates (the source is read
 #: with ``errors="surrogateescape"``); valid UTF-8 never decodes to one.
 _UNPAIRED = re.compile("[\ud800-\udfff]")
-
-
-class CopyRefused(StoreError):
-    """The copy was refused; the target was left as it was (or as its last committed batch)."""
 
 
 @dataclass(frozen=True)
@@ -123,11 +120,9 @@ class CopyProgress:
 
 
 def read_only(conn: Connection) -> Connection:
-    """``conn`` with its transactions reading one snapshot (PostgreSQL: REPEATABLE READ,
-    read-only; a SQLite read transaction is a snapshot already)."""
-    if conn.dialect.name == "postgresql":
-        return conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-    return conn
+    """``conn`` with its transactions reading one snapshot, read-only (as its backend
+    does it: PostgreSQL's REPEATABLE READ; a SQLite read transaction is one already)."""
+    return backend_of(conn).copy_snapshot(conn)
 
 
 @contextlib.contextmanager
@@ -142,15 +137,20 @@ def read_snapshot(engine: Engine) -> Iterator[Connection]:
 def revisions(conn: Connection) -> tuple[str, ...]:
     """The database's Alembic revisions (none when it has no version table)."""
     names = set(inspect(conn).get_table_names())
-    if server.ALEMBIC_TABLE not in names:
+    if ALEMBIC_TABLE not in names:
         return ()
-    rows = conn.execute(text(f"SELECT version_num FROM {server.ALEMBIC_TABLE}"))
+    rows = conn.execute(text(f"SELECT version_num FROM {ALEMBIC_TABLE}"))
     return tuple(sorted(str(row[0]) for row in rows))
 
 
 def copied_tables() -> list[Table]:
     """The models' tables in foreign-key order, without those the revisions fill."""
     return [t for t in Base.metadata.sorted_tables if t.name not in REVISION_TABLES]
+
+
+def copied_table(name: str) -> Table:
+    """The copied table called ``name``."""
+    return next(table for table in copied_tables() if table.name == name)
 
 
 def count_rows(conn: Connection, table: Table) -> int:
@@ -181,9 +181,10 @@ def key_columns(table: Table) -> list[Column[Any]]:
     return list(table.primary_key.columns)
 
 
-def ordered_key(table: Table, dialect: str) -> list[ColumnElement[Any]]:
-    """The key columns as ORDER BY / comparison expressions in code point order."""
-    collation = CODE_POINT_COLLATION[dialect]
+def ordered_key(table: Table, conn: Connection) -> list[ColumnElement[Any]]:
+    """The key columns as ORDER BY / comparison expressions in code point order (the
+    collation ``conn``'s backend orders text by code point with)."""
+    collation = backend_of(conn).code_point_collation
     return [
         column.collate(collation) if isinstance(column.type, String) else column
         for column in key_columns(table)
@@ -456,7 +457,7 @@ def _with_own_filter(table: Table, where: Any) -> Any:
 def _side_rows(conn: Connection | None, table: Table, where: Any) -> Iterator[Row[Any]]:
     if conn is None:
         return iter(())
-    query = select(*table.columns).order_by(*ordered_key(table, conn.dialect.name))
+    query = select(*table.columns).order_by(*ordered_key(table, conn))
     where = _with_own_filter(table, where)
     if where is not None:
         query = query.where(where)
@@ -608,7 +609,7 @@ def run_batches(
 ) -> Iterator[list[Row[Any]]]:
     """The source rows of ``run``, ``size`` at a time, in key order (keyset pagination)."""
     where = _with_own_filter(table, where)
-    order = ordered_key(table, conn.dialect.name)
+    order = ordered_key(table, conn)
     positions = _positions(table)
     after: tuple[Any, ...] | None = None
     while True:

@@ -40,6 +40,7 @@ from hermes_store.copy.rows import (
     read_snapshot,
     revisions,
 )
+from hermes_store.copy.source import open_source
 from hermes_store.copy.tablesum import table_sum
 from hermes_store.engine import create_store_engine, to_url
 from hermes_store.models import Base
@@ -489,8 +490,6 @@ def verify(
 @contextlib.contextmanager
 def _source(source: Engine | str) -> Iterator[Connection]:
     if isinstance(source, str):
-        from hermes_store.copy import open_source
-
         engine = open_source(to_url(source))
         try:
             with read_snapshot(engine) as conn:
