@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, func, inspect, select, text
 
 from hermes_store.backend import backend_for
-from hermes_store.copy.rows import MARKER_PREFIX, copied_table
+from hermes_store.copy.tables import MARKER_PREFIX, copied_table
 from hermes_store.errors import CopyRefused
 
 __all__ = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, Engine, func, inspect, or_, select
 
 from hermes_store.backend import backend_for, backend_of
-from hermes_store.copy.rows import copied_tables, key_columns, revisions
+from hermes_store.copy.tables import copied_tables, key_columns, revisions
 from hermes_store.engine import display_url, to_url
 from hermes_store.errors import CopyRefused
 

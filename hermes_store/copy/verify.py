@@ -29,10 +29,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, text
 
-from hermes_store.copy.rows import (
+from hermes_store.copy.rows import CopyProgress
+from hermes_store.copy.source import open_source
+from hermes_store.copy.tables import (
     MARKER_PREFIX,
     REVISION_TABLES,
-    CopyProgress,
     count_rows,
     is_own_key,
     key_columns,
@@ -40,7 +41,6 @@ from hermes_store.copy.rows import (
     read_snapshot,
     revisions,
 )
-from hermes_store.copy.source import open_source
 from hermes_store.copy.tablesum import table_sum
 from hermes_store.engine import create_store_engine, to_url
 from hermes_store.models import Base
