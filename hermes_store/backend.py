@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hermes_store.errors import NotOnThisDatabase
 
@@ -90,6 +90,65 @@ class Backend:
     # -- search -----------------------------------------------------------------------------
 
     # -- copy endpoints ---------------------------------------------------------------------
+    # What reading a copy's source and writing its target needs on this database; the
+    # algorithm itself (compare, then write in batches with the marker) is hermes_store.copy.
+
+    #: The collation that orders text by code point (the order Python compares text by), so
+    #: that both sides of a copy list their keys in the same order.
+    code_point_collation: ClassVar[str]
+
+    def open_copy_source(self, url: str) -> Engine:
+        """An engine that only reads the store at ``url``; refuses one that is missing."""
+        raise NotImplementedError
+
+    def copy_snapshot(self, conn: Connection) -> Connection:
+        """``conn`` with each of its transactions reading one snapshot, read-only."""
+        raise NotImplementedError
+
+    def same_database(self, a: str, b: str) -> bool:
+        """Whether two resolved URLs of this database name the same store."""
+        raise NotImplementedError
+
+    def copy_source_name(self, url: str) -> str:
+        """How a copy's marker names its source (a name that stays the same across runs)."""
+        raise NotImplementedError
+
+    def copy_source_fingerprint(self, conn: Connection, url: str) -> dict[str, Any]:
+        """What tells the source from another store later found under the same name."""
+        raise NotImplementedError
+
+    def commits_seen(self, conn: Connection) -> int | None:
+        """A count that changes when another connection commits (None: cannot be known)."""
+        raise NotImplementedError
+
+    def inspect_copy_target(self, url: str) -> bool:
+        """Refuse, without writing, a target that cannot receive a copy; True when it is new
+        (nothing there to read), False when the copy must read what it holds."""
+        raise NotImplementedError
+
+    def refuse_foreign_copy_target(self, conn: Connection) -> None:
+        """Refuse a target without revisions that holds another application's tables."""
+        raise NotImplementedError
+
+    def open_copy_target(self, url: str) -> Engine:
+        """An engine whose transactions write a copy's batches."""
+        raise NotImplementedError
+
+    def message_id_high_water(self, conn: Connection) -> int:
+        """The highest message id the database ever handed out (its sequence, or max(id))."""
+        raise NotImplementedError
+
+    def raise_message_ids(self, conn: Connection, value: int) -> None:
+        """Make the database hand out message ids above ``value`` (never lower them)."""
+        raise NotImplementedError
+
+    def write_refusal_reason(self, error: BaseException | None) -> str:
+        """Why the database refused a batch, in a few words that never quote a value."""
+        raise NotImplementedError
+
+    def finish_copy_target(self, conn: Connection) -> None:
+        """After a copy wrote many rows: what the database needs before its first query."""
+        raise NotImplementedError
 
 
 _BACKENDS: dict[str, str] = {

@@ -29,10 +29,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, text
 
-from hermes_store.copy.rows import (
+from hermes_store.copy.rows import CopyProgress
+from hermes_store.copy.source import open_source
+from hermes_store.copy.tables import (
     MARKER_PREFIX,
     REVISION_TABLES,
-    CopyProgress,
     count_rows,
     is_own_key,
     key_columns,
@@ -489,8 +490,6 @@ def verify(
 @contextlib.contextmanager
 def _source(source: Engine | str) -> Iterator[Connection]:
     if isinstance(source, str):
-        from hermes_store.copy import open_source
-
         engine = open_source(to_url(source))
         try:
             with read_snapshot(engine) as conn:

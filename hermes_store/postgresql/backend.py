@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hermes_store.backend import Backend, Features
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
 
 _SERVER_FILES = "the server manages its own files (use pg_dump for backups)"
 
@@ -42,3 +45,66 @@ class PostgreSQLBackend(Backend):
     # -- search -----------------------------------------------------------------------------
 
     # -- copy endpoints ---------------------------------------------------------------------
+
+    code_point_collation = "C"
+
+    def open_copy_source(self, url: str) -> Engine:
+        from hermes_store.postgresql import copy
+
+        return copy.open_source(url)
+
+    def copy_snapshot(self, conn: Connection) -> Connection:
+        from hermes_store.postgresql import copy
+
+        return copy.snapshot(conn)
+
+    def same_database(self, a: str, b: str) -> bool:
+        from hermes_store.postgresql import copy
+
+        return copy.same_database(a, b)
+
+    def copy_source_name(self, url: str) -> str:
+        from hermes_store.engine import display_url
+
+        return display_url(url)
+
+    def copy_source_fingerprint(self, conn: Connection, url: str) -> dict[str, Any]:
+        from hermes_store.postgresql import copy
+
+        return copy.fingerprint(conn)
+
+    def commits_seen(self, conn: Connection) -> int | None:
+        return None  # a snapshot does not tell whether others committed since
+
+    def inspect_copy_target(self, url: str) -> bool:
+        return False  # a server database: what it holds is read by the copy
+
+    def refuse_foreign_copy_target(self, conn: Connection) -> None:
+        from hermes_store.postgresql import copy
+
+        copy.refuse_foreign_target(conn)
+
+    def open_copy_target(self, url: str) -> Engine:
+        from hermes_store.engine import create_store_engine
+
+        return create_store_engine(url, create=False)
+
+    def message_id_high_water(self, conn: Connection) -> int:
+        from hermes_store.postgresql import copy
+
+        return copy.high_water(conn)
+
+    def raise_message_ids(self, conn: Connection, value: int) -> None:
+        from hermes_store.postgresql import copy
+
+        copy.raise_ids(conn, value)
+
+    def write_refusal_reason(self, error: BaseException | None) -> str:
+        from hermes_store.postgresql import copy
+
+        return copy.refusal_reason(error)
+
+    def finish_copy_target(self, conn: Connection) -> None:
+        from hermes_store.postgresql import copy
+
+        copy.finish_target(conn)
