@@ -193,6 +193,41 @@ class CheckResult:
         """True when every check passed."""
         return not self.problems
 
+    def records(self) -> list[dict[str, str]]:
+        """One record per check: the PRAGMA, each index, each wrong mechanism object (listed
+        only when wrong, "trigger messages_fts_delete"), and each check not run."""
+        mechanism = [item for item in self.problems if item != "database"]
+        mechanism = [item for item in mechanism if item not in self.checked]
+        records = []
+        for item in self.checked:
+            # The PRAGMA's problems are filed under "database".
+            problem = self.problems.get("database" if item.startswith("PRAGMA") else item)
+            records.append(
+                {"item": item, "status": "BROKEN" if problem else "ok", "detail": problem or ""}
+            )
+        for item in mechanism:
+            records.append({"item": item, "status": "BROKEN", "detail": self.problems[item]})
+        for item, reason in self.skipped.items():
+            records.append({"item": item, "status": "not checked", "detail": reason})
+        return records
+
+    def document(self, repaired: RepairResult | None = None) -> dict[str, Any]:
+        """The JSON document of `check` (and of `check --repair`, with what it did)."""
+        longest = self.longest_write_lock_s
+        if repaired is not None:
+            longest = max(longest, repaired.longest_write_lock_s)
+        payload: dict[str, Any] = {
+            "ok": self.ok,
+            "checked": self.checked,
+            "problems": self.problems,
+            "skipped": self.skipped,
+            "fts_checked_on": self.fts_checked_on,
+            "longest_write_lock_s": round(longest, 3),
+        }
+        if repaired is not None:
+            payload["repair"] = repaired.as_dict()
+        return payload
+
 
 @dataclass
 class RepairResult:
@@ -230,6 +265,29 @@ class RepairResult:
             "not_repaired": self.not_repaired,
             "longest_write_lock_s": round(self.longest_write_lock_s, 3),
         }
+
+    def view(self) -> View:
+        """What the repair did, before the checks that follow it."""
+        if not self.before.problems:
+            return ["nothing to repair: every check passed"]
+        shown: View = []
+        if self.backup is not None:
+            shown.append(f"backup of the store before the repair: {self.backup}")
+        records = [
+            {"item": item, "done": f"restored from this package's definition (it was: {was})"}
+            for item, was in self.restored.items()
+        ]
+        records += [
+            {"item": index, "done": f"repaired: {how}"} for index, how in self.repaired.items()
+        ]
+        records += [
+            {"item": item, "done": f"not repaired: {why}"}
+            for item, why in self.not_repaired.items()
+        ]
+        if records:
+            shown.append(Table(records, ("item", "done"), headers={"done": ""}))
+            shown.append("checks after the repair:")
+        return shown
 
 
 __all__ = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -14,13 +13,13 @@ from hermes_store.cli.output import (
     emit_json,
     emit_records,
     emit_result,
+    emit_view,
     format_options,
-    say,
     shorten,
 )
 from hermes_store.cli.progress import backfill_bar, interrupted, phases
 from hermes_store.engine import resolve_url
-from hermes_store.maintenance import CheckResult, RepairResult
+from hermes_store.maintenance import RepairResult
 from hermes_store.sqlite import backfill
 
 
@@ -205,30 +204,15 @@ def check(
         else:
             result = backend.check(engine, quick=quick)
     if fmt == "json":
-        payload: dict[str, Any] = {
-            "ok": result.ok,
-            "checked": result.checked,
-            "problems": result.problems,
-            "skipped": result.skipped,
-            "fts_checked_on": result.fts_checked_on,
-            "longest_write_lock_s": round(
-                max(result.longest_write_lock_s, repaired.longest_write_lock_s)
-                if repaired is not None
-                else result.longest_write_lock_s,
-                3,
-            ),
-        }
-        if repaired is not None:
-            payload["repair"] = repaired.as_dict()
-        emit_json(payload)
+        emit_json(result.document(repaired))
     elif fmt in ("nl", "csv"):
-        emit_records(fmt, _check_records(result), ["item", "status", "detail"])
+        emit_records(fmt, result.records(), ["item", "status", "detail"])
     else:
         if repaired is not None:
-            _print_repair(repaired)
+            emit_view(repaired.view())
         emit_records(
             "text",
-            _check_records(result),
+            result.records(),
             ["item", "status", "detail"],
             headers={"detail": ""},
             styles={"status": "bold"},
@@ -246,44 +230,3 @@ def check(
             )
             click.echo(f"broken: {summary}", err=True)
         sys.exit(1)
-
-
-def _check_records(result: CheckResult) -> list[dict[str, str]]:
-    """One record per check: the PRAGMA, each index, and each wrong mechanism object."""
-    # The search mechanism's objects are listed only when wrong ("trigger messages_fts_delete").
-    mechanism = [item for item in result.problems if item != "database"]
-    mechanism = [item for item in mechanism if item not in result.checked]
-    records = []
-    for item in result.checked:
-        # The PRAGMA's problems are filed under "database".
-        problem = result.problems.get("database" if item.startswith("PRAGMA") else item)
-        records.append(
-            {"item": item, "status": "BROKEN" if problem else "ok", "detail": problem or ""}
-        )
-    for item in mechanism:
-        records.append({"item": item, "status": "BROKEN", "detail": result.problems[item]})
-    for item, reason in result.skipped.items():
-        records.append({"item": item, "status": "not checked", "detail": reason})
-    return records
-
-
-def _print_repair(repaired: RepairResult) -> None:
-    if not repaired.before.problems:
-        say("nothing to repair: every check passed")
-        return
-    if repaired.backup is not None:
-        say(f"backup of the store before the repair: {repaired.backup}")
-    records = [
-        {"item": item, "done": f"restored from this package's definition (it was: {was})"}
-        for item, was in repaired.restored.items()
-    ]
-    records += [
-        {"item": index, "done": f"repaired: {how}"} for index, how in repaired.repaired.items()
-    ]
-    records += [
-        {"item": item, "done": f"not repaired: {why}"}
-        for item, why in repaired.not_repaired.items()
-    ]
-    if records:
-        emit_records("text", records, ["item", "done"], headers={"done": ""})
-        say("checks after the repair:")
