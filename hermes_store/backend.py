@@ -12,15 +12,26 @@ start-up, and a backend's code is loaded only when a command uses it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hermes_store.errors import NotOnThisDatabase
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
+
+    from hermes_store.maintenance import (
+        CheckResult,
+        IndexBuild,
+        Measured,
+        RepairResult,
+        Shown,
+        StoreStats,
+    )
+    from hermes_store.progress import Report
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,9 @@ class Features:
     stamp: bool
     #: A store can be read where it cannot be written (read-only files, file systems).
     read_only_opening: bool
+    #: Maintenance: ``check --repair --deferred`` refills broken indexes in paced,
+    #: resumable transactions instead of one rebuild.
+    deferred_repair: bool
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,61 @@ class Backend:
     # -- migration --------------------------------------------------------------------------
 
     # -- maintenance: stats, storage report, optimize, check, repair ------------------------
+
+    def stats(self, engine: Engine) -> StoreStats:
+        """Sessions, messages, sessions per source, and the store's size as this database
+        measures it (a file and its WAL, or the database)."""
+        raise NotImplementedError
+
+    def storage_report(self, engine: Engine) -> Measured:
+        """Where the store's bytes go: each table and index, in the groups of
+        :data:`hermes_store.maintenance.GROUPS`."""
+        raise NotImplementedError
+
+    def optimize(
+        self,
+        engine: Engine,
+        *,
+        vacuum: bool | None = None,
+        report: Report | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> Shown:
+        """Give free space back and refresh the store's indexes, without locking the agent
+        out unless asked. ``vacuum`` picks a mode (True: full, False: none) where
+        ``features.vacuum_modes``; ``report`` is told each phase, ``progress`` its label."""
+        raise NotImplementedError
+
+    def finish_deferred(
+        self,
+        engine: Engine,
+        *,
+        chunk_rows: int,
+        max_lock_ms: float,
+        duty: float,
+        progress: Callable[[Any], None] | None = None,
+    ) -> IndexBuild:
+        """Finish a deferred index build in paced, resumable transactions
+        (``optimize-storage``; needs ``features.staged_backfill``)."""
+        self.require("staged_backfill", "optimize-storage")
+        raise NotImplementedError
+
+    def check(self, engine: Engine, *, quick: bool = False) -> CheckResult:
+        """Check the store's integrity and every object its revisions declare (read-only)."""
+        raise NotImplementedError
+
+    def repair(
+        self,
+        engine: Engine,
+        *,
+        quick: bool = False,
+        backup_to: Path | None = None,
+        deferred: bool = False,
+        progress: Callable[[Any], None] | None = None,
+    ) -> RepairResult:
+        """Check, restore what the revisions declare and rebuild what is broken, check again.
+        ``backup_to`` needs ``features.file_backup``, ``deferred`` ``features.deferred_repair``
+        (``progress`` is told of each chunk of a deferred refill)."""
+        raise NotImplementedError
 
     # -- search -----------------------------------------------------------------------------
 

@@ -449,7 +449,7 @@ def test_demo_db_takes_only_a_server_url(tmp_path: Path) -> None:
 
 REFUSED = [
     (["stamp", "head"], "stamp works on SQLite stores only"),
-    (["optimize-storage"], "optimize-storage works on SQLite stores only"),
+    (["optimize-storage"], "optimize-storage is not available on PostgreSQL stores"),
     (["upgrade", "--backup", "{tmp}/b.db"], "--backup works on SQLite stores only"),
     (["upgrade", "--rebuild-fts"], "--rebuild-fts / --deferred-fts works on SQLite"),
     (["upgrade", "--deferred-fts"], "--rebuild-fts / --deferred-fts works on SQLite"),

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hermes_store.backend import Backend, Features
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
+
+    from hermes_store.maintenance import (
+        CheckResult,
+        Measured,
+        RepairResult,
+        Shown,
+        StoreStats,
+    )
+    from hermes_store.progress import Report
 
 _SERVER_FILES = "the server manages its own files (use pg_dump for backups)"
 
@@ -25,6 +35,7 @@ class PostgreSQLBackend(Backend):
         vacuum_modes=False,
         stamp=True,
         read_only_opening=False,
+        deferred_repair=False,
     )
     reasons: ClassVar[Mapping[str, str]] = {
         "file_backup": _SERVER_FILES,
@@ -34,6 +45,7 @@ class PostgreSQLBackend(Backend):
         "staged_backfill": "its search columns are filled by the revision itself",
         "vacuum_modes": "the server vacuums; optimize runs VACUUM (ANALYZE)",
         "read_only_opening": "the server decides who may read",
+        "deferred_repair": "a repair rebuilds indexes CONCURRENTLY, without blocking writes",
     }
 
     # -- engine -----------------------------------------------------------------------------
@@ -41,6 +53,59 @@ class PostgreSQLBackend(Backend):
     # -- migration --------------------------------------------------------------------------
 
     # -- maintenance: stats, storage report, optimize, check, repair ------------------------
+
+    def stats(self, engine: Engine) -> StoreStats:
+        """Counts, and the database's size (pg_database_size)."""
+        from hermes_store.postgresql.maintenance import stats_of
+
+        return stats_of(engine)
+
+    def storage_report(self, engine: Engine) -> Measured:
+        """Each table's and index's bytes, and whether the text is stored once."""
+        from hermes_store.postgresql.storage import report_of
+
+        return report_of(engine)
+
+    def optimize(
+        self,
+        engine: Engine,
+        *,
+        vacuum: bool | None = None,
+        report: Report | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> Shown:
+        """VACUUM (ANALYZE) of each of the store's tables: no mode to pick, no lock-out."""
+        from hermes_store.postgresql.maintenance import optimize_server
+
+        if vacuum is not None:
+            self.require("vacuum_modes", "--vacuum" if vacuum else "--no-vacuum")
+        if progress is not None:
+            progress("VACUUM (ANALYZE) of the store's tables")
+        return optimize_server(engine)
+
+    def check(self, engine: Engine, *, quick: bool = False) -> CheckResult:
+        """Index validity, the declared and search objects, amcheck (not with ``quick``)."""
+        from hermes_store.postgresql.check import check_of
+
+        return check_of(engine, quick=quick)
+
+    def repair(
+        self,
+        engine: Engine,
+        *,
+        quick: bool = False,
+        backup_to: Path | None = None,
+        deferred: bool = False,
+        progress: Callable[[Any], None] | None = None,
+    ) -> RepairResult:
+        """Concurrent rebuilds and re-creations from the revisions (see check.repair_server)."""
+        from hermes_store.postgresql.check import repair_server
+
+        if backup_to is not None:
+            self.require("file_backup", "--backup")
+        if deferred:
+            self.require("deferred_repair", "--deferred")
+        return repair_server(engine, quick=quick)
 
     # -- search -----------------------------------------------------------------------------
 

@@ -27,11 +27,11 @@ from sqlalchemy.exc import DBAPIError
 from hermes_store.declared import Declared, declared_objects, newest_app_version
 from hermes_store.engine import translate_error
 from hermes_store.errors import StoreError
+from hermes_store.maintenance import CheckResult, RepairResult
 from hermes_store.postgresql.maintenance import store_tables
 from hermes_store.postgresql.migration import facts
 from hermes_store.revisions import FTS_EXTERNAL_REVISION, fts_conversion, script_directory
-from hermes_store.sqlite.fts import INDEXES, CheckResult
-from hermes_store.sqlite.maintenance import RepairResult
+from hermes_store.sqlite.fts import INDEXES
 
 #: The revision that creates the display triggers (on PostgreSQL, a function each).
 DISPLAY_REVISION = "30"
@@ -487,10 +487,17 @@ def _server_errors() -> Iterator[None]:
         ) from None
 
 
+def check_of(engine: Engine, *, quick: bool = False) -> CheckResult:
+    """:func:`check_server` of the store an engine opens."""
+    with engine.connect() as conn:
+        return check_server(conn, quick=quick)
+
+
 __all__ = [
     "AMCHECK",
     "Expected",
     "applied_revisions",
+    "check_of",
     "check_server",
     "concurrently",
     "ddl",

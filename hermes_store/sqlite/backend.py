@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermes_store.backend import Backend, Features
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
+
+    from hermes_store.maintenance import (
+        CheckResult,
+        IndexBuild,
+        Measured,
+        RepairResult,
+        Shown,
+        StoreStats,
+    )
+    from hermes_store.progress import Report
 
 
 class SQLiteBackend(Backend):
@@ -22,6 +34,7 @@ class SQLiteBackend(Backend):
         vacuum_modes=True,
         stamp=True,
         read_only_opening=True,
+        deferred_repair=True,
     )
 
     # -- engine -----------------------------------------------------------------------------
@@ -29,6 +42,69 @@ class SQLiteBackend(Backend):
     # -- migration --------------------------------------------------------------------------
 
     # -- maintenance: stats, storage report, optimize, check, repair ------------------------
+
+    def stats(self, engine: Engine) -> StoreStats:
+        """Counts, and the file's and its WAL's bytes."""
+        from hermes_store.sqlite.maintenance import stats_of
+
+        return stats_of(engine)
+
+    def storage_report(self, engine: Engine) -> Measured:
+        """dbstat's pages per table and index, free pages, and any unfinished backfill."""
+        from hermes_store.sqlite.storage import report_of
+
+        return report_of(engine)
+
+    def optimize(
+        self,
+        engine: Engine,
+        *,
+        vacuum: bool | None = None,
+        report: Report | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> Shown:
+        """FTS5 merges, a WAL checkpoint, and free pages returned (in steps, or by VACUUM)."""
+        from hermes_store.sqlite.maintenance import optimize
+
+        return optimize(engine, vacuum=vacuum, report=report, progress=progress)
+
+    def finish_deferred(
+        self,
+        engine: Engine,
+        *,
+        chunk_rows: int,
+        max_lock_ms: float,
+        duty: float,
+        progress: Callable[[Any], None] | None = None,
+    ) -> IndexBuild:
+        """The deferred backfill, run to its end."""
+        from hermes_store.sqlite.maintenance import finish_deferred
+
+        return finish_deferred(
+            engine, chunk_rows=chunk_rows, max_lock_ms=max_lock_ms, duty=duty, progress=progress
+        )
+
+    def check(self, engine: Engine, *, quick: bool = False) -> CheckResult:
+        """PRAGMA integrity_check, the declared objects, the search mechanism, FTS5 checks."""
+        from hermes_store.sqlite.maintenance import check_of
+
+        return check_of(engine, quick=quick)
+
+    def repair(
+        self,
+        engine: Engine,
+        *,
+        quick: bool = False,
+        backup_to: Path | None = None,
+        deferred: bool = False,
+        progress: Callable[[Any], None] | None = None,
+    ) -> RepairResult:
+        """A backup of the file, then the rebuilds (see sqlite.maintenance.repair)."""
+        from hermes_store.sqlite.maintenance import repair_of
+
+        return repair_of(
+            engine, quick=quick, backup_to=backup_to, deferred=deferred, progress=progress
+        )
 
     # -- search -----------------------------------------------------------------------------
 

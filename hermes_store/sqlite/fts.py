@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError
 
 from hermes_store.engine import BEGIN_OPTION, create_store_engine, db_path, translate_error
 from hermes_store.errors import StoreError
+from hermes_store.maintenance import CheckResult
 from hermes_store.revisions import fts_head
 
 log = logging.getLogger(__name__)
@@ -170,26 +171,6 @@ def retired_indexes(conn: Connection) -> list[str]:
     whose pages are not freed yet (dropped in short steps by the backfill and optimize)."""
     names = [name(index) for index in INDEXES for name in (retired_name, retired_copy_name)]
     return sorted(_tables_named(conn, names))
-
-
-@dataclass
-class CheckResult:
-    """Outcome of the integrity checks: what was checked and what is broken."""
-
-    checked: list[str] = field(default_factory=list)
-    problems: dict[str, str] = field(default_factory=dict)
-    #: Indexes not checked because a deferred backfill has not filled them yet.
-    skipped: dict[str, str] = field(default_factory=dict)
-    #: Where the FTS5 checks ran: "snapshot" (a private copy: the store's write lock is never
-    #: taken) or "live" (each check a short write transaction on the store).
-    fts_checked_on: str = "live"
-    #: The longest time one of the checks held the store's write lock, in seconds.
-    longest_write_lock_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """True when every check passed."""
-        return not self.problems
 
 
 def begin_writing(conn: Connection) -> RootTransaction:

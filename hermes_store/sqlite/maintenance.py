@@ -26,6 +26,15 @@ from hermes_store.engine import (
     translate_error,
 )
 from hermes_store.errors import Interrupted, NotEnoughFreeSpace, StoreError
+from hermes_store.maintenance import (
+    CheckResult,
+    IndexBuild,
+    RepairResult,
+    StoreStats,
+    View,
+    human_bytes,
+    store_counts,
+)
 from hermes_store.progress import Phase, Report, Tracker
 from hermes_store.sqlite import backfill
 from hermes_store.sqlite.backfill import pending, rows_left
@@ -34,7 +43,6 @@ from hermes_store.sqlite.fts import (
     DIFFERS,
     INDEXES,
     MISSING,
-    CheckResult,
     begin_writing,
     check_mechanism,
     index_layout,
@@ -59,36 +67,21 @@ Progress = Callable[[str], None]
 NotEnoughSpace = NotEnoughFreeSpace
 
 
-@dataclass
-class StoreStats:
-    """How much a store holds."""
-
-    sessions: int
-    messages: int
-    sessions_by_source: dict[str, int] = field(default_factory=dict)
-    file_bytes: int = 0
-    wal_bytes: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
-
-
 def store_stats(conn: Connection, path: Path | None) -> StoreStats:
-    """Sessions, messages, sessions per source and the size on disk."""
-    by_source = {
-        str(source): int(count)
-        for source, count in conn.execute(
-            text("SELECT source, count(*) FROM sessions GROUP BY source ORDER BY count(*) DESC")
-        )
-    }
-    messages = int(conn.execute(text("SELECT count(*) FROM messages")).scalar_one())
-    stats = StoreStats(sum(by_source.values()), messages, by_source)
+    """Sessions, messages, sessions per source and the size on disk (the file, its WAL)."""
+    stats = store_counts(conn)
+    stats.sizes = {"file bytes": 0, "WAL bytes": 0}
     if path is not None and path.exists():
-        stats.file_bytes = path.stat().st_size
+        stats.sizes["file bytes"] = path.stat().st_size
         wal = path.with_name(path.name + "-wal")
-        stats.wal_bytes = wal.stat().st_size if wal.exists() else 0
+        stats.sizes["WAL bytes"] = wal.stat().st_size if wal.exists() else 0
     return stats
+
+
+def stats_of(engine: Engine) -> StoreStats:
+    """:func:`store_stats` of the store an engine opens."""
+    with engine.connect() as conn:
+        return store_stats(conn, db_path(str(engine.url)))
 
 
 @dataclass
@@ -118,6 +111,31 @@ class OptimizeResult:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {**asdict(self), "reclaimed": self.reclaimed}
+
+    def view(self) -> View:
+        """What was reclaimed, and what a later run or `--vacuum` would still give back."""
+        shown: View = [
+            f"{human_bytes(self.bytes_before)} -> {human_bytes(self.bytes_after)} "
+            f"(reclaimed {human_bytes(self.reclaimed)}; merged {len(self.indexes)} "
+            f"index(es); longest write lock {self.longest_write_lock_s:.2f} s)"
+        ]
+        shown += [
+            f"removed {leftover}, left by an interrupted backup"
+            for leftover in self.removed_partials
+        ]
+        if self.vacuum_needed_bytes:
+            shown.append(
+                f"{human_bytes(self.vacuum_needed_bytes)} of free pages can only be returned "
+                "by `hermes-store optimize --vacuum`, which holds the write lock for its whole "
+                "run (run it with the agent stopped); it also switches the store to "
+                "incremental auto-vacuum, after which this command returns them in steps"
+            )
+        if not self.wal_truncated:
+            shown.append(
+                "the WAL was not truncated: a reader stayed open (the agent, a search, a "
+                "backup); its size is counted above and it shrinks at a later checkpoint"
+            )
+        return shown
 
 
 def _on_disk(path: Path | None) -> int:
@@ -577,44 +595,6 @@ def _no_row_text() -> Iterator[None]:
         ) from None
 
 
-@dataclass
-class RepairResult:
-    """What `check --repair` found, did, and what the check says afterwards."""
-
-    before: CheckResult
-    after: CheckResult
-    #: Index -> how it was rebuilt.
-    repaired: dict[str, str] = field(default_factory=dict)
-    #: Search-mechanism object (``"trigger messages_fts_delete"``) -> what was wrong with it.
-    restored: dict[str, str] = field(default_factory=dict)
-    backup: Path | None = None
-    #: Why nothing was repaired although the check failed, if so.
-    refused: str | None = None
-    #: Check item -> why this repair left it as it is (the rest was repaired).
-    not_repaired: dict[str, str] = field(default_factory=dict)
-    #: The longest time one repair transaction held the store's write lock, in seconds.
-    longest_write_lock_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """True when the final check passes."""
-        return self.after.ok
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "ok": self.ok,
-            "before": asdict(self.before),
-            "after": asdict(self.after),
-            "repaired": self.repaired,
-            "restored": self.restored,
-            "backup": str(self.backup) if self.backup else None,
-            "refused": self.refused,
-            "not_repaired": self.not_repaired,
-            "longest_write_lock_s": round(self.longest_write_lock_s, 3),
-        }
-
-
 def repair(
     engine: Engine,
     *,
@@ -713,3 +693,68 @@ def _repair_backup(engine: Engine, dest: Path) -> Path:
         return backup_from(driver, dest).path
     finally:
         raw.close()
+
+
+# -- the backend's maintenance bodies (see hermes_store/sqlite/backend.py) --------------------
+
+
+def check_of(engine: Engine, *, quick: bool = False) -> CheckResult:
+    """:func:`check_store` of the store an engine opens."""
+    with engine.connect() as conn:
+        return check_store(conn, quick=quick)
+
+
+def repair_of(
+    engine: Engine,
+    *,
+    quick: bool = False,
+    backup_to: Path | None = None,
+    deferred: bool = False,
+    progress: Callable[[backfill.BackfillProgress], None] | None = None,
+) -> RepairResult:
+    """:func:`repair`, an interruption told as what it kept (an Interrupted)."""
+    try:
+        return repair(
+            engine,
+            backup_to=backup_to.expanduser().absolute() if backup_to else None,
+            deferred=deferred,
+            quick=quick,
+            progress=progress,
+        )
+    except KeyboardInterrupt as exc:
+        raise Interrupted(
+            "interrupted: finished chunks are kept and search stays complete; finish with "
+            "`hermes-store optimize-storage`"
+            if deferred
+            else "interrupted: the rebuild in progress was rolled back; run again"
+        ) from exc
+
+
+def finish_deferred(
+    engine: Engine,
+    *,
+    chunk_rows: int = backfill.DEFAULT_CHUNK_ROWS,
+    max_lock_ms: float = backfill.DEFAULT_MAX_LOCK_MS,
+    duty: float = backfill.DEFAULT_DUTY,
+    progress: Callable[[backfill.BackfillProgress], None] | None = None,
+) -> IndexBuild:
+    """Run a pending deferred index build to its end, in short paced transactions."""
+    from hermes_store.sqlite.storage import backfill_status
+
+    with engine.connect() as conn:
+        if not backfill_status(conn):
+            return IndexBuild(pending=False)
+    path = db_path(str(engine.url))
+    require_writable(path)
+    with sqlite_errors(path):
+        report = backfill.run(
+            engine, chunk_rows=chunk_rows, max_lock_ms=max_lock_ms, duty=duty, progress=progress
+        )
+    return IndexBuild(
+        rows_done=report.rows_done,
+        chunks=report.chunks,
+        lock_seconds=report.lock_seconds,
+        longest_lock_s=report.longest_lock,
+        paused_seconds=report.paused_seconds,
+        checkpoint_seconds=report.checkpoint_seconds,
+    )

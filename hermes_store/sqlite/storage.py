@@ -7,15 +7,21 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 
+from hermes_store.maintenance import (
+    FTS_COPIES,
+    FTS_INDEX,
+    GROUPS,
+    MESSAGE_DATA,
+    OTHER,
+    Table,
+    View,
+    human_bytes,
+)
+from hermes_store.sqlite import backfill, fts
 from hermes_store.sqlite.fts import INDEXES, layout, retired_copy_name, retired_name, staged_name
 
-MESSAGE_DATA = "message data"
-FTS_INDEX = "FTS index data"
-FTS_COPIES = "redundant FTS text copies"
-OTHER = "other"
-GROUPS = (MESSAGE_DATA, FTS_INDEX, FTS_COPIES, OTHER)
 #: The shadow tables of an FTS5 index besides its `_content` copy, each `<index><suffix>`.
 FTS_SHADOWS = ("_data", "_idx", "_docsize", "_config")
 
@@ -30,6 +36,9 @@ class StorageReport:
     layout: str
     objects: dict[str, int] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
+    #: Per index, what an unfinished deferred backfill still has to do (see
+    #: :func:`backfill_status`); filled by :func:`report_of`.
+    backfill: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def file_bytes(self) -> int:
@@ -55,6 +64,51 @@ class StorageReport:
             reclaimable_bytes=self.reclaimable_bytes,
         )
         return data
+
+    def records(self) -> Table:
+        """One record per table and index, largest first."""
+        by_size = sorted(self.objects.items(), key=lambda item: -item[1])
+        records = [{"object": name, "bytes": size} for name, size in by_size]
+        return Table(records, ("object", "bytes"))
+
+    def view(self) -> View:
+        """The groups (with their share of the file), the reclaim an upgrade would give, the
+        largest objects, and any unfinished backfill."""
+        total = self.file_bytes or 1
+        rows: list[dict[str, Any]] = [
+            {"group": group, "size": human_bytes(size), "share": f"{size / total:.1%}"}
+            for group in GROUPS
+            for size in [self.groups.get(group, 0)]
+        ]
+        rows.append({"group": "free pages", "size": human_bytes(self.free_bytes), "share": ""})
+        rows.append({"group": "file", "size": human_bytes(self.file_bytes), "share": ""})
+        shown: View = [
+            Table(
+                rows,
+                ("group", "size", "share"),
+                title=f"layout: {self.layout}",
+                right=("size", "share"),
+            )
+        ]
+        if self.layout == "inline" and self.reclaimable_bytes:
+            shown.append(
+                f"upgrading to external content would reclaim about "
+                f"{human_bytes(self.reclaimable_bytes)} "
+                f"({self.reclaimable_bytes / total:.0%}) after `hermes-store optimize --vacuum`"
+            )
+        biggest = sorted(self.objects.items(), key=lambda item: -item[1])[:15]
+        shown.append(
+            Table(
+                [{"object": name, "size": human_bytes(size)} for name, size in biggest],
+                ("object", "size"),
+                right=("size",),
+            )
+        )
+        shown += [
+            f"backfill: {index} {status['state']}, {status['rows_left']} rows left"
+            for index, status in self.backfill.items()
+        ]
+        return shown
 
 
 def classify(owner: str) -> str:
@@ -107,10 +161,65 @@ def btree_bytes(conn: sqlite3.Connection, names: Iterable[str]) -> dict[str, int
     return sizes
 
 
-def human_bytes(size: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
+def report_of(engine: Engine) -> StorageReport:
+    """The storage report of a store, with what its deferred backfill has left to do."""
+    with engine.connect() as conn:
+        report = storage_report(conn)
+        report.backfill = backfill_status(conn)
+    return report
+
+
+def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
+    """Per index, what an unfinished deferred backfill still has to do.
+
+    An index rebuilt beside its legacy table is listed under its own name, with the table
+    it is built in (``"table": "messages_fts_next"``); a swapped-out legacy index whose
+    pages are still being freed under its retired name.
+    """
+    status: dict[str, dict[str, Any]] = {}
+    if fts.layout(conn) not in ("external", "staging"):  # nothing of ours to fill or drop
+        items: list[backfill.Pending] = []
+        filled: list[str] = []
+    else:
+        items, filled = backfill.pending(conn), backfill.merging(conn)
+    for item in items:
+        status[item.logical] = {
+            "state": "filling",
+            "high_water": item.high_water,
+            "indexed_upto": item.indexed_upto,
+            "rows_left": backfill.rows_left(conn, item),
+        }
+    for table in filled:
+        status[fts.logical_index(table)] = {"state": "merging", "rows_left": 0}
+    for index, table in fts.staged_indexes(conn).items():
+        status.setdefault(index, {"state": "ready to swap in", "rows_left": 0})
+        status[index]["table"] = table
+    for table in fts.retired_indexes(conn):
+        status[table] = {
+            "state": "retired, being freed in steps (`hermes-store optimize` frees it)",
+            "rows_left": backfill.retired_rows(conn, table),
+        }
+    if backfill.has_change_log(conn):  # see migrate.verify_ahead
+        status["upgrade change log"] = {
+            "state": "an upgrade is running or was interrupted; optimize, optimize-storage "
+            "or the next upgrade removes it",
+            "rows_left": 0,
+        }
+    return status
+
+
+__all__ = [
+    "FTS_COPIES",
+    "FTS_INDEX",
+    "FTS_SHADOWS",
+    "GROUPS",
+    "MESSAGE_DATA",
+    "OTHER",
+    "StorageReport",
+    "backfill_status",
+    "btree_bytes",
+    "classify",
+    "human_bytes",
+    "report_of",
+    "storage_report",
+]
