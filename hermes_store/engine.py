@@ -292,7 +292,8 @@ def prepare_store_file(
     What every opening of a store does before its driver sees it (an engine's, or the
     Store's own connections'); its backend says what that takes (for a SQLite file:
     :func:`hermes_store.sqlite.engine.prepare_file`). With ``create=False`` a missing
-    store raises :class:`StoreNotFound` and nothing (file or HERMES_HOME) is created.
+    store raises :class:`~hermes_store.errors.StoreNotFound` and nothing (file or
+    HERMES_HOME) is created.
     """
     # A read-only open must not leave an empty HERMES_HOME behind either.
     resolved = resolve_url(url, create_home=create, resolve_link=False)
@@ -312,9 +313,10 @@ def create_store_engine(
     every caller needs it: see ``create_engine`` in ``hermes_store/sqlite/engine.py`` and
     ``hermes_store/postgresql/engine.py``.
 
-    With ``create=False`` a missing store raises :class:`StoreNotFound` and nothing is
-    created. ``busy_timeout_ms`` defaults to :func:`default_busy_timeout_ms`. ``wal`` and
-    ``read_only`` (``hermes_store.sqlite.readonly.read_only_opening``) concern store files.
+    With ``create=False`` a missing store raises
+    :class:`~hermes_store.errors.StoreNotFound` and nothing is created. ``busy_timeout_ms``
+    defaults to :func:`default_busy_timeout_ms`. ``wal`` and ``read_only``
+    (``hermes_store.sqlite.readonly.read_only_opening``) concern store files only.
     """
     if busy_timeout_ms is None:
         busy_timeout_ms = default_busy_timeout_ms()
