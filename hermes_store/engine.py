@@ -395,47 +395,28 @@ def default_busy_timeout_ms() -> int:
 
 
 # -- names that moved -----------------------------------------------------------------------
-# What a SQLite file needs moved to hermes_store.sqlite.engine, PostgreSQL's errors to
-# hermes_store.postgresql.engine. Modules of other areas still import these names from here;
-# they are loaded on first use (a backend's module only when asked for), and typed for mypy.
+# SQLite's file handling is in hermes_store.sqlite.engine and hermes_store.sqlite.readonly;
+# modules of other areas still import these names from here. Each is loaded from its new
+# module on first use (so not at start-up), and typed for mypy. New code imports them from
+# their module.
 if TYPE_CHECKING:
-    from hermes_store.postgresql.engine import redact_server_error as redact_server_error
-    from hermes_store.postgresql.engine import translate_server_error as translate_server_error
-    from hermes_store.sqlite.engine import SIDE_SUFFIXES as SIDE_SUFFIXES
-    from hermes_store.sqlite.engine import WalUnavailableWarning as WalUnavailableWarning
     from hermes_store.sqlite.engine import check_side_files as check_side_files
-    from hermes_store.sqlite.engine import configure_connection as configure_connection
-    from hermes_store.sqlite.engine import create_private_file as create_private_file
-    from hermes_store.sqlite.engine import disk_full_error as disk_full_error
     from hermes_store.sqlite.engine import flush_to_disk as flush_to_disk
-    from hermes_store.sqlite.engine import is_disk_full as is_disk_full
     from hermes_store.sqlite.engine import side_files as side_files
-    from hermes_store.sqlite.engine import side_link_refusal as side_link_refusal
     from hermes_store.sqlite.engine import sqlite_errors as sqlite_errors
-    from hermes_store.sqlite.engine import sqlite_timeout as sqlite_timeout
-    from hermes_store.sqlite.engine import tighten_permissions as tighten_permissions
-    from hermes_store.sqlite.readonly import ReadOnlyOpening as ReadOnlyOpening
     from hermes_store.sqlite.readonly import connect_read_only as connect_read_only
-    from hermes_store.sqlite.readonly import read_only_opening as read_only_opening
     from hermes_store.sqlite.readonly import require_writable as require_writable
     from hermes_store.sqlite.readonly import writable_problem as writable_problem
 
 _MOVED = {
-    name: module
-    for module, names in (
-        ("hermes_store.postgresql.engine", "redact_server_error translate_server_error"),
-        (
-            "hermes_store.sqlite.engine",
-            "SIDE_SUFFIXES WalUnavailableWarning check_side_files configure_connection "
-            "create_private_file disk_full_error flush_to_disk is_disk_full side_files "
-            "side_link_refusal sqlite_errors sqlite_timeout tighten_permissions",
-        ),
-        (
-            "hermes_store.sqlite.readonly",
-            "ReadOnlyOpening connect_read_only read_only_opening require_writable writable_problem",
-        ),
-    )
-    for name in names.split()
+    **dict.fromkeys(
+        ("check_side_files", "flush_to_disk", "side_files", "sqlite_errors"),
+        "hermes_store.sqlite.engine",
+    ),
+    **dict.fromkeys(
+        ("connect_read_only", "require_writable", "writable_problem"),
+        "hermes_store.sqlite.readonly",
+    ),
 }
 
 
