@@ -12,16 +12,17 @@ start-up, and a backend's code is loaded only when a command uses it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from hermes_store.errors import NotOnThisDatabase
+from hermes_store.errors import NotOnThisDatabase, StoreError
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
+    from sqlalchemy.engine import URL
 
     from hermes_store.maintenance import (
         CheckResult,
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
         Shown,
         StoreStats,
     )
+    from hermes_store.prepared import Driver
     from hermes_store.progress import Report
+    from hermes_store.sqlite.readonly import ReadOnlyOpening
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class Features:
     #: Maintenance: ``check --repair --deferred`` refills broken indexes in paced,
     #: resumable transactions instead of one rebuild.
     deferred_repair: bool
+    #: engine: the store is a file hermes-store opens, checks and keeps private itself
+    #: (:meth:`Backend.db_path` names it), not a database a server keeps.
+    store_file: bool
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,53 @@ class Backend:
         )
 
     # -- engine -----------------------------------------------------------------------------
+
+    def supported_url(self, text: str, parsed: URL) -> str:
+        """The store URL ``text`` (``parsed``) as the engine opens it (its driver named), or
+        :class:`~hermes_store.errors.StoreError` for what the driver would refuse later."""
+        raise NotImplementedError
+
+    def db_path(self, url: str) -> Path | None:
+        """The store's file, or None where the store is no file of its own (in memory, or a
+        database on a server)."""
+        raise NotImplementedError
+
+    def prepare(self, url: str, *, create: bool) -> tuple[str, Path | None]:
+        """Make the store of a resolved URL safe to open, before its driver sees it:
+        ``(url, file or None)``. With ``create=False`` nothing is created, and a missing
+        store raises :class:`~hermes_store.errors.StoreNotFound`."""
+        raise NotImplementedError
+
+    def create_engine(
+        self,
+        url: str,
+        path: Path | None,
+        *,
+        busy_timeout_ms: int,
+        wal: bool = True,
+        echo: bool = False,
+        read_only: ReadOnlyOpening | None = None,
+    ) -> Engine:
+        """The engine of a prepared store (:meth:`prepare`), set up as every caller needs."""
+        raise NotImplementedError
+
+    def open_existing(self, url: str, *, reading: bool) -> tuple[Engine, str | None]:
+        """An engine on an existing store, creating nothing, and what the operator should be
+        told about how it was opened (None when nothing). ``reading``: the caller only reads,
+        so a store that cannot be written may still be opened."""
+        raise NotImplementedError
+
+    def translate_error(
+        self, exc: BaseException, *, url: str | None = None, path: Path | None = None
+    ) -> StoreError | None:
+        """The domain error for a failure of the store at ``url`` (or the file ``path``)
+        that the operator can act on, else None."""
+        raise NotImplementedError
+
+    def statement_runner(self, driver: Driver) -> Callable[[str, Sequence[Any]], Any]:
+        """How ``driver`` runs one SQL text with positional parameters on its DBAPI
+        connection, a driver error raised as SQLAlchemy (or the engine) raises it."""
+        raise NotImplementedError
 
     # -- migration --------------------------------------------------------------------------
 

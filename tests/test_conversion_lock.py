@@ -34,10 +34,11 @@ from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.demo import corpus
-from hermes_store.engine import create_store_engine, flush_to_disk, joined_transaction
+from hermes_store.engine import create_store_engine, joined_transaction
 from hermes_store.revisions import fts_conversion
 from hermes_store.search import search_messages
 from hermes_store.sqlite import backfill, fts
+from hermes_store.sqlite.engine import flush_to_disk
 
 WORD, TRIGRAM = fts.INDEXES
 CHANGE_LOG = "hermes_store_conversion_changes"

@@ -52,7 +52,6 @@ from alembic import command as alembic_command
 from hermes_store import migrate
 from hermes_store.engine import (
     ENV_BUSY_TIMEOUT,
-    WalUnavailableWarning,
     create_store_engine,
     db_path,
     to_url,
@@ -67,6 +66,7 @@ from hermes_store.errors import (
 from hermes_store.search import search_messages
 from hermes_store.sqlite import backfill, maintenance
 from hermes_store.sqlite.backup import backup
+from hermes_store.sqlite.engine import WalUnavailableWarning
 from hermes_store.sqlite.fts import LAYOUT_MARKER
 from hermes_store.store import NewMessage, Store
 
