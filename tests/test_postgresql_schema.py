@@ -15,7 +15,7 @@ from alembic import command
 from hermes_store import migrate
 from hermes_store.engine import create_store_engine
 from hermes_store.errors import StoreError
-from hermes_store.revisions import head_revision
+from hermes_store.revisions import LAST_APP_VERSION, head_revision
 
 pytestmark = pytest.mark.postgresql
 
@@ -137,7 +137,7 @@ def test_upgrade_and_downgrade_through_the_library(pg_url: str) -> None:
     result = migrate.upgrade(pg_url)
     assert result.before == ()
     assert result.after == (head_revision(),)
-    assert (result.schema_after, result.layout_after) == (30, "expression")
+    assert (result.schema_after, result.layout_after) == (LAST_APP_VERSION, "expression")
     engine = create_store_engine(pg_url)
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO sessions (id, source, started_at) VALUES ('s', 'cli', 1)"))

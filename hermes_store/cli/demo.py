@@ -31,6 +31,7 @@ from hermes_store.errors import (
     StoreError,
 )
 from hermes_store.maintenance import human_bytes
+from hermes_store.revisions import LAST_APP_VERSION
 from hermes_store.search import search_messages
 from hermes_store.sqlite.storage import StorageReport, report_of
 
@@ -72,7 +73,7 @@ DEMO_MAX_MESSAGES = 1_000_000
 def demo(n_messages: int, directory: Path | None, seed: int, db: str | None) -> None:
     """Build a realistic legacy store, upgrade it, optimize it and compare search results.
 
-    Generates a schema-30 store in the legacy inline layout (never under Alembic), runs
+    Generates a newest-schema store in the legacy inline layout (never under Alembic), runs
     the real upgrade (adoption, then in-place conversion), `optimize`, and prints the
     storage report before and after and a few searches, each compared hit for hit (every
     hit, snippets included) before and after. With --db URL (an empty PostgreSQL
@@ -232,8 +233,11 @@ def run_demo(n_messages: int, path: Path, seed: int) -> None:
     step = progress_lines()
     step(f"generating {n_messages} messages (seed {seed})")
     data = corpus_mod.generate(n_messages, seed)
-    step("writing a legacy schema-30 store (inline FTS5, as the Hermes agent leaves it)")
-    migrate.upgrade(str(path), "30")
+    step(
+        f"writing a legacy schema-{LAST_APP_VERSION} store (inline FTS5, as the Hermes agent "
+        "leaves it)"
+    )
+    migrate.upgrade(str(path), str(LAST_APP_VERSION))
     with contextlib.closing(sqlite3.connect(path)) as raw:
         corpus_mod.populate(raw, data)
         # A store the legacy application wrote was never under Alembic.

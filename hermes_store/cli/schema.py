@@ -14,6 +14,7 @@ import click
 from sqlalchemy import Connection, Engine
 
 from hermes_store import migrate
+from hermes_store.cli import with_app_versions
 from hermes_store.cli.common import (
     backup_options,
     db_option,
@@ -76,6 +77,7 @@ from hermes_store.sqlite import backfill, fts
 )
 @backup_options
 @json_option
+@with_app_versions
 def upgrade(
     db: str | None,
     create: bool,
@@ -90,15 +92,14 @@ def upgrade(
     """Upgrade a store, adopting a legacy one first (--create: start a new one).
 
     The same as `alembic -x db=PATH upgrade head`. A store written by the Hermes agent
-    (schema 17 to 30, never under Alembic) is adopted: missing columns and indexes of its
-    version are added and the matching revision stamped. Then the application's schema
+    (schema {app_versions}, never under Alembic) is adopted: missing columns and indexes of
+    its version are added and the matching revision stamped. Then the application's schema
     steps run up to --app-version, and the search indexes move to external content (text
-    stored once); `schema_version` always names the application schema the store has.
-    With --backup, a consistent copy is taken before anything is changed (not for a new,
-    empty store: there is nothing to copy). On a terminal each step shows as it runs.
-    Interrupted (Ctrl-C), the step in progress is rolled back (every revision is a
-    transaction of its own) and the message says what was done, what is left and the
-    command that finishes it.
+    stored once); `schema_version` always names the application schema the store has. With
+    --backup, a consistent copy is taken before anything is changed (not for a new, empty
+    store: there is nothing to copy). On a terminal each step shows as it runs. Interrupted
+    (Ctrl-C), the step in progress is rolled back (every revision is a transaction of its
+    own) and the message says what was done, what is left and the command that finishes it.
 
     \b
     Examples:
@@ -264,6 +265,7 @@ class _TakesRelativeRevision(click.Command):
     help="With `base`: allow dropping every table of a store that holds conversations.",
 )
 @json_option
+@with_app_versions
 def downgrade(
     revision: str,
     db: str | None,
@@ -274,17 +276,17 @@ def downgrade(
     as_json: bool,
 ) -> None:
     """Take a store back: REVISION is -N (N steps), an id from `hermes-store history`,
-    an application version (17-30), fts@-1 (the search layout only) or base.
+    an application version ({app_versions}), fts@-1 (the search layout only) or base.
 
     One step is the newest revision of the store that changes it, in the order `upgrade`
-    applies them (the application's schema versions, then the search layout): -1 from
-    the head undoes the search layout (the merge revision above it changes nothing and
-    goes with it), -1 again undoes 30, and so on. A revision id or version means what it
-    means to Alembic: every revision that depends on it is undone (from the head, 21
-    leaves 21 and fts1). Asks first, listing what each undone revision gives up, unless
-    --yes. Each revision's downgrade runs in its own transaction. `base` (or every step)
-    drops every table: on a store holding conversations it is refused unless --yes
-    --i-know-this-deletes-data are both given. Take a --backup first.
+    applies them (the application's schema versions, then the search layout): -1 from the
+    head undoes the search layout (the merge revision above it changes nothing and goes with
+    it), -1 again undoes the application's newest version, and so on. A revision id or
+    version means what it means to Alembic: every revision that depends on it is undone
+    (from the head, 21 leaves 21 and fts1). Asks first, listing what each undone revision
+    gives up, unless --yes. Each revision's downgrade runs in its own transaction. `base`
+    (or every step) drops every table: on a store holding conversations it is refused unless
+    --yes --i-know-this-deletes-data are both given. Take a --backup first.
 
     \b
     Examples:
