@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, ClassVar
 from hermes_store.errors import NotOnThisDatabase
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from sqlalchemy import Connection, Engine
+
+    from hermes_store.prepared import Connections
+    from hermes_store.search.pipeline import SearchStatements
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,18 @@ class Backend:
     # -- maintenance: stats, storage report, optimize, check, repair ------------------------
 
     # -- search -----------------------------------------------------------------------------
+
+    def search_statements(self, conn: Connection) -> SearchStatements:
+        """This database's part of a search (hermes_store.search.pipeline), on an open
+        connection and in its transaction (search_messages)."""
+        raise NotImplementedError
+
+    def search_transaction(
+        self, source: Engine | Connections
+    ) -> AbstractContextManager[SearchStatements]:
+        """This database's part of a search in a read transaction of its own, on a
+        connection of ``source`` (search_store)."""
+        raise NotImplementedError
 
     # -- copy endpoints ---------------------------------------------------------------------
 

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from hermes_store.backend import Backend, Features
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from sqlalchemy import Connection, Engine
+
+    from hermes_store.prepared import Connections
+    from hermes_store.search.pipeline import SearchStatements
 
 _SERVER_FILES = "the server manages its own files (use pg_dump for backups)"
 
@@ -40,5 +48,17 @@ class PostgreSQLBackend(Backend):
     # -- maintenance: stats, storage report, optimize, check, repair ------------------------
 
     # -- search -----------------------------------------------------------------------------
+
+    def search_statements(self, conn: Connection) -> SearchStatements:
+        from hermes_store.postgresql.search import search_statements
+
+        return search_statements(conn)
+
+    def search_transaction(
+        self, source: Engine | Connections
+    ) -> AbstractContextManager[SearchStatements]:
+        from hermes_store.postgresql.search import read_transaction
+
+        return read_transaction(source)
 
     # -- copy endpoints ---------------------------------------------------------------------
