@@ -213,7 +213,7 @@ def _match_apart(route: Route, rows: list[tuple[int, str]]) -> list[tuple[int, f
         )
         apart.executemany(f"INSERT INTO {_PENDING_TABLE}(rowid, content) VALUES (?, ?)", rows)
         # FTS5's snippet where it is cheap whatever the text; the longer ones after it, as
-        # the search statement's (hermes_store.sqlite.search._snippets_of).
+        # the search statement's (hermes_store.sqlite.search_snippets.snippets_of).
         matched = apart.execute(
             f"SELECT rowid, rank, CASE WHEN length(CAST(content AS BLOB)) <= ? THEN {snippet} END "
             f"FROM {_PENDING_TABLE} WHERE {_PENDING_TABLE} MATCH ?",

@@ -130,7 +130,7 @@ class _Shape:
     their values as parameters.
     """
 
-    #: The FTS5 table the route reads (from _index_tables), or None: the LIKE scan.
+    #: The FTS5 table the route reads (from index_tables), or None: the LIKE scan.
     table: str | None
     #: Filters.given: visibility, source, excluded source, role terms.
     filters: tuple[bool, bool, bool, bool]
