@@ -41,8 +41,8 @@ from hermes_store.records import NewMessage
 from hermes_store.search import (
     TRIGRAM_INDEX,
     WORD_INDEX,
-    _context_text,
     contains_cjk,
+    context_text,
     count_cjk,
     sanitize_query,
 )
@@ -320,7 +320,7 @@ def search(
     contexts: dict[int, list[dict[str, str]]] = {hit["id"]: [] for hit in hits}
     windows = CONTEXT_WINDOWS.format(ids=",".join("?" * len(contexts)))
     for hit_id, role, content in conn.execute(windows, list(contexts)):
-        contexts[hit_id].append({"role": role, "content": _context_text(content)})
+        contexts[hit_id].append({"role": role, "content": context_text(content)})
     for hit in hits:
         hit["context"] = contexts[hit["id"]]
     return hits

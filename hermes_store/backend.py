@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hermes_store.errors import NotOnThisDatabase, StoreError
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from sqlalchemy import Connection, Engine
     from sqlalchemy.engine import URL
 
@@ -32,8 +34,9 @@ if TYPE_CHECKING:
         Shown,
         StoreStats,
     )
-    from hermes_store.prepared import Driver
+    from hermes_store.prepared import Connections, Driver
     from hermes_store.progress import Report
+    from hermes_store.search.pipeline import SearchStatements
     from hermes_store.sqlite.readonly import ReadOnlyOpening
 
 
@@ -210,6 +213,18 @@ class Backend:
         raise NotImplementedError
 
     # -- search -----------------------------------------------------------------------------
+
+    def search_statements(self, conn: Connection) -> SearchStatements:
+        """This database's part of a search (hermes_store.search.pipeline), on an open
+        connection and in its transaction (search_messages)."""
+        raise NotImplementedError
+
+    def search_transaction(
+        self, source: Engine | Connections
+    ) -> AbstractContextManager[SearchStatements]:
+        """This database's part of a search in a read transaction of its own, on a
+        connection of ``source`` (search_store)."""
+        raise NotImplementedError
 
     # -- copy endpoints ---------------------------------------------------------------------
     # What reading a copy's source and writing its target needs on this database; the

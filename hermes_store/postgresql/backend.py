@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hermes_store.backend import Backend, Features
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from sqlalchemy import Connection, Engine
     from sqlalchemy.engine import URL
 
@@ -20,8 +22,9 @@ if TYPE_CHECKING:
         Shown,
         StoreStats,
     )
-    from hermes_store.prepared import Driver
+    from hermes_store.prepared import Connections, Driver
     from hermes_store.progress import Report
+    from hermes_store.search.pipeline import SearchStatements
     from hermes_store.sqlite.readonly import ReadOnlyOpening
 
 _SERVER_FILES = "the server manages its own files (use pg_dump for backups)"
@@ -158,6 +161,18 @@ class PostgreSQLBackend(Backend):
         return repair_server(engine, quick=quick)
 
     # -- search -----------------------------------------------------------------------------
+
+    def search_statements(self, conn: Connection) -> SearchStatements:
+        from hermes_store.postgresql.search import search_statements
+
+        return search_statements(conn)
+
+    def search_transaction(
+        self, source: Engine | Connections
+    ) -> AbstractContextManager[SearchStatements]:
+        from hermes_store.postgresql.search import read_transaction
+
+        return read_transaction(source)
 
     # -- copy endpoints ---------------------------------------------------------------------
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from hermes_store.backend import Backend, Features
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from sqlalchemy import Connection, Engine
     from sqlalchemy.engine import URL
 
@@ -21,8 +23,9 @@ if TYPE_CHECKING:
         Shown,
         StoreStats,
     )
-    from hermes_store.prepared import Driver
+    from hermes_store.prepared import Connections, Driver
     from hermes_store.progress import Report
+    from hermes_store.search.pipeline import SearchStatements
     from hermes_store.sqlite.readonly import ReadOnlyOpening
 
 
@@ -162,6 +165,18 @@ class SQLiteBackend(Backend):
         )
 
     # -- search -----------------------------------------------------------------------------
+
+    def search_statements(self, conn: Connection) -> SearchStatements:
+        from hermes_store.sqlite.search import search_statements
+
+        return search_statements(conn)
+
+    def search_transaction(
+        self, source: Engine | Connections
+    ) -> AbstractContextManager[SearchStatements]:
+        from hermes_store.sqlite.search import read_transaction
+
+        return read_transaction(source)
 
     # -- copy endpoints ---------------------------------------------------------------------
 

@@ -1,8 +1,11 @@
 """The search statements on SQLite: FTS5 MATCH on the word and trigram indexes, the LIKE scan.
 
-Snippets are FTS5's own up to SNIPPET_EXACT_BYTES and fts5_snippet.EXACT_INSTANCES (the
-search statement makes those that are cheap whatever the text, _bounded_snippets the
-others after it); past them, bounded (:mod:`hermes_store.search.snippet`).
+:class:`SQLiteSearch` is SQLite's part of the one search pipeline
+(:mod:`hermes_store.search.pipeline`), reached through the SQLite backend's search section.
+Snippets: :mod:`hermes_store.sqlite.search_snippets`; what search knows of a database and
+where its statements run: :mod:`hermes_store.sqlite.search_state`; what it cannot read at
+first: :mod:`hermes_store.sqlite.search_reading`; a deferred backfill's rows:
+:mod:`hermes_store.sqlite.pending`.
 """
 
 from __future__ import annotations
@@ -13,10 +16,9 @@ import json
 import logging
 import re
 import sqlite3
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -25,6 +27,7 @@ from sqlalchemy import (
     LargeBinary,
     Select,
     String,
+    and_,
     bindparam,
     case,
     column,
@@ -35,62 +38,88 @@ from sqlalchemy import (
     select,
     table,
 )
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store.prepared import Driver, Prepared
-from hermes_store.search import snippet as fts5_snippet
-from hermes_store.search.context import CONTEXT_WINDOW_IDS, _chunks
+from hermes_store.errors import UnsupportedLayout
+from hermes_store.prepared import Connections, Prepared, driver
+from hermes_store.search.context import (
+    CONTEXT_CHARS,
+    ContextMessage,
+    SearchResults,
+    contexts_of,
+    windows_of,
+)
+from hermes_store.search.pipeline import Found, Plan
 from hermes_store.search.query import (
-    _ASCII_LOWER,
-    MAX_SEARCH_TERMS,
+    ASCII_LOWER,
     TRIGRAM_INDEX,
     WORD_INDEX,
-    Highlight,
-    QuerySyntaxError,
-    _escape_like,
-    _reduced,
-    _Route,
-    _route,
-    highlight_of,
-    parse_query,
+    Route,
+    escape_like,
+    not_understood,
+    reduced,
+    route_query,
     sanitize_query,
 )
 from hermes_store.search.schema import (
-    _RESULT_COLUMNS,
-    _RESULT_KEYS,
-    _filter_criteria,
-    _Filters,
-    _m,
-    _s,
+    RESULT_COLUMNS,
+    RESULT_KEYS,
+    Filters,
+    M,
+    S,
+    SearchOptions,
+    filter_criteria,
 )
-from hermes_store.sqlite import fts
-from hermes_store.sqlite.pending import (
-    _TOKENIZERS,
-    _merge_pending,
-    _pending_hits,
-    _pending_ranges,
-    _scan_hits,
+from hermes_store.sqlite.pending import merge_pending, pending_hits, pending_ranges, scan_hits
+from hermes_store.sqlite.search_reading import (
+    Unreadable,
+    as_unreadable,
+    reading_leniently,
+    rejected,
+    replacing_text,
+    undecodable,
 )
+from hermes_store.sqlite.search_snippets import (
+    SNIPPET_EXACT_BYTES,
+    SNIPPET_SQL,
+    TEXT_COLUMNS,
+    bounded_snippets,
+    cheap_bytes,
+)
+from hermes_store.sqlite.search_state import (
+    OnConnection,
+    OnDriver,
+    Runner,
+    State,
+    accept_search_objects,
+    degraded,
+    known_state,
+    learn_state,
+    share_state,
+)
+
+__all__ = [
+    "SNIPPET_EXACT_BYTES",
+    "SQLiteSearch",
+    "accept_search_objects",
+    "match_selectable",
+    "read_transaction",
+    "search_statements",
+]
 
 log = logging.getLogger(__name__)
 
-_sqlite_master = table("sqlite_master", column("type", String), column("name", String))
 #: Each index in the table of its own name: the tables a store at head has.
 _OWN_TABLES = {WORD_INDEX: WORD_INDEX, TRIGRAM_INDEX: TRIGRAM_INDEX}
 
+#: Up to this many tokens (NUL-free) the LIKE scan runs SQL LIKE conditions, one per
 #: token, as the legacy application does; beyond, one Python function tests them all at
 #: once (see _like_any_registered). At 50k messages one LIKE token costs about 45 ms, the
 #: function about 280 ms whatever the number of tokens.
 SQL_LIKE_TOKENS = 4
 #: How the LIKE scan tests more than SQL_LIKE_TOKENS tokens without a Python function.
 _JSON_PATTERNS = "json_each"
-#: A hit's snippet is FTS5's own snippet() when its indexed text is at most this many bytes
-#: and holds at most fts5_snippet.EXACT_INSTANCES instances of the query's phrases (FTS5's
-#: time grows with their square); otherwise a bounded one (fts5_snippet.bounded_*).
-#: docs/search.md, "Bounds", says where the two differ.
-SNIPPET_EXACT_BYTES = 256 * 1024
-_SNIPPET = "snippet({}, 0, '>>>', '<<<', '...', 40)"
 
 
 @dataclass(frozen=True)
@@ -101,9 +130,9 @@ class _Shape:
     their values as parameters.
     """
 
-    #: The FTS5 table the route reads (from _index_tables), or None: the LIKE scan.
+    #: The FTS5 table the route reads (from index_tables), or None: the LIKE scan.
     table: str | None
-    #: _Filters.given: visibility, source, excluded source, role terms.
+    #: Filters.given: visibility, source, excluded source, role terms.
     filters: tuple[bool, bool, bool, bool]
     #: Select FTS5's rank (pending rows are merged by it); ordering by it needs no column.
     rank: bool = False
@@ -124,24 +153,22 @@ def _statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
     """The search statement of a shape, its values left as named parameters."""
     if shape.table is not None:
         index = table(shape.table, column("rowid", Integer), column("rank", Float))
-        snippet: ColumnElement[Any] = literal_column(_SNIPPET.format(shape.table), String)
+        snippet: ColumnElement[Any] = literal_column(SNIPPET_SQL.format(shape.table), String)
         if shape.page:  # FTS5's snippet where it is cheap whatever the text; the others after
             size: ColumnElement[Any] = sum(
-                (func.coalesce(func.length(c.cast(LargeBinary)), 0) for c in _TEXT_COLUMNS),
+                (func.coalesce(func.length(c.cast(LargeBinary)), 0) for c in TEXT_COLUMNS),
                 literal_column("2"),  # the separators
             )
             snippet = case((size <= bindparam("snippet_bytes", type_=Integer), snippet))
-        columns: list[Any] = [_m.c.id]
+        columns: list[Any] = [M.c.id]
         if shape.rank:
             columns.append(index.c.rank.label("rank"))
         statement = (
             select(*columns, snippet.label("snippet"))
-            .select_from(
-                index.join(_m, _m.c.id == index.c.rowid).join(_s, _s.c.id == _m.c.session_id)
-            )
+            .select_from(index.join(M, M.c.id == index.c.rowid).join(S, S.c.id == M.c.session_id))
             .where(
                 literal_column(shape.table).op("MATCH")(bindparam("match", type_=String)),
-                *_filter_criteria(shape.filters),
+                *filter_criteria(shape.filters),
             )
         )
     else:
@@ -151,15 +178,15 @@ def _statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
     rank: ColumnElement[Any] = literal_column("rank")
     order: list[ColumnElement[Any]]
     if shape.table is None:
-        order = [_m.c.timestamp.desc()]
+        order = [M.c.timestamp.desc()]
     elif shape.sort == "newest":
-        order = [_m.c.timestamp.desc(), rank]
+        order = [M.c.timestamp.desc(), rank]
     elif shape.sort == "oldest":
-        order = [_m.c.timestamp.asc(), rank]
+        order = [M.c.timestamp.asc(), rank]
     else:
         order = [rank]
     return (
-        statement.add_columns(*_RESULT_COLUMNS)
+        statement.add_columns(*RESULT_COLUMNS)
         .order_by(*order)
         .limit(bindparam("limit", type_=Integer))
         .offset(bindparam("offset", type_=Integer))
@@ -169,7 +196,7 @@ def _statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
 def _like_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
     """The LIKE scan: one condition per token, OR-joined. Compatibility quirk kept from the
     legacy application: this path ignores the active/compacted visibility filter."""
-    texts = (_m.c.content, _m.c.tool_name, _m.c.tool_calls)
+    texts = (M.c.content, M.c.tool_name, M.c.tool_calls)
     conditions: list[ColumnElement[bool]] = []
     for i in range(shape.needles):
         # LIKE stops reading its pattern at a NUL: '%ab\x00c%' would match every text
@@ -196,16 +223,16 @@ def _like_statement(shape: _Shape) -> Select[*tuple[Any, ...]]:
         conditions.append(getattr(func, shape.pattern_set)(*arguments) == 1)
     first = bindparam("first_token", type_=String)
     start: ColumnElement[Any] = func.max(
-        literal_column("1"), func.instr(_m.c.content, first) - literal_column("40")
+        literal_column("1"), func.instr(M.c.content, first) - literal_column("40")
     )
-    snippet = func.substr(_m.c.content, start, literal_column("120"), type_=String)
-    columns: list[Any] = [_m.c.id]
+    snippet = func.substr(M.c.content, start, literal_column("120"), type_=String)
+    columns: list[Any] = [M.c.id]
     if shape.rank:
         columns.append(null().label("rank"))
     return (
         select(*columns, snippet.label("snippet"))
-        .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
-        .where(or_(*conditions), *_filter_criteria(shape.filters))
+        .select_from(M.join(S, S.c.id == M.c.session_id))
+        .where(or_(*conditions), *filter_criteria(shape.filters))
     )
 
 
@@ -216,8 +243,8 @@ def _prepared(shape: _Shape) -> Prepared:
 
 
 def _shape_and_values(
-    route: _Route,
-    filters: _Filters,
+    route: Route,
+    filters: Filters,
     tables: Mapping[str, str],
     *,
     rank: bool = False,
@@ -231,12 +258,12 @@ def _shape_and_values(
     if route.index is not None:
         values["match"] = route.match
         if page:
-            values["snippet_bytes"] = _cheap_bytes(route)
+            values["snippet_bytes"] = cheap_bytes(route)
         given = filters.given(visibility=True)
         return _Shape(tables[route.index], given, rank, page, sort), values
-    tokens = _reduced(route.like_tokens)
+    tokens = reduced(route.like_tokens)
     needles = [token for token in tokens if "\x00" in token]
-    patterns = [f"%{_escape_like(token)}%" for token in tokens if "\x00" not in token]
+    patterns = [f"%{escape_like(token)}%" for token in tokens if "\x00" not in token]
     values.update({f"needle_{i}": token for i, token in enumerate(needles)})
     values["first_token"] = route.like_tokens[0]
     pattern_set = None
@@ -273,13 +300,13 @@ def match_selectable(
     sanitized = sanitize_query(query)
     if not sanitized:
         return None
-    filters = _Filters(
+    filters = Filters(
         include_inactive=include_inactive,
         source_filter=source_filter,
         exclude_sources=exclude_sources,
         role_filter=role_filter,
     )
-    route = _route(sanitized, trigram=trigram)
+    route = route_query(sanitized, trigram=trigram)
     shape, values = _shape_and_values(route, filters, _OWN_TABLES, rank=True, page=False)
     return _statement(shape).params(**values)
 
@@ -288,7 +315,7 @@ _LIKE_ANY = "hermes_like_any"
 
 
 @contextlib.contextmanager
-def _like_any_registered(raw: sqlite3.Connection, route: _Route) -> Iterator[str | None]:
+def _like_any_registered(raw: sqlite3.Connection, route: Route) -> Iterator[str | None]:
     """For the LIKE route with more than SQL_LIKE_TOKENS tokens, register (for this
     statement) a function that tests all of them at once; yield its name, or None when the
     driver cannot (SQL LIKE over a JSON array of the patterns then).
@@ -298,7 +325,7 @@ def _like_any_registered(raw: sqlite3.Connection, route: _Route) -> Iterator[str
     character starts no token (0.3 s there). Same answer: LIKE's ASCII-only case folding,
     and the text up to its first NUL, where LIKE stops reading it.
     """
-    tokens = [token for token in _reduced(route.like_tokens) if "\x00" not in token]
+    tokens = [token for token in reduced(route.like_tokens) if "\x00" not in token]
     if (
         route.index is not None
         or len(tokens) <= SQL_LIKE_TOKENS
@@ -306,14 +333,14 @@ def _like_any_registered(raw: sqlite3.Connection, route: _Route) -> Iterator[str
     ):
         yield None
         return
-    pattern = re.compile("|".join(re.escape(token.translate(_ASCII_LOWER)) for token in tokens))
+    pattern = re.compile("|".join(re.escape(token.translate(ASCII_LOWER)) for token in tokens))
 
     def like_any(*values: object) -> int:
         for value in values:
             if isinstance(value, bytes):
                 value = value.decode("utf-8", "replace")
             if isinstance(value, str) and pattern.search(
-                value.split("\0", 1)[0].translate(_ASCII_LOWER)
+                value.split("\0", 1)[0].translate(ASCII_LOWER)
             ):
                 return 1
         return 0
@@ -326,32 +353,28 @@ def _like_any_registered(raw: sqlite3.Connection, route: _Route) -> Iterator[str
 
 
 def _fetch_hits(
-    on: _Runner,
-    route: _Route,
-    filters: _Filters,
-    sort: str | None,
-    page: tuple[int, int],
-    state: _State,
-    *,
-    scan: bool = False,
+    on: Runner, route: Route, options: SearchOptions, state: State, *, scan: bool = False
 ) -> list[dict[str, Any]] | None:
     """Run one route; None when FTS5 rejected the query text (the caller decides what next).
 
     ``scan=True`` answers an FTS route without its index, by an exact scan of `messages`.
-    Raises _Unreadable when the index or a row could not be read: that is no answer.
+    Raises Unreadable when the index or a row could not be read: that is no answer. The
+    snippets the statement leaves out are made here, in the same read: an index that cannot
+    make them is one that cannot be read.
     """
+    filters, sort, page = options.filters, options.order, options.page
     limit, offset = page
     bounds = None
     if route.index is not None and not scan:
-        bounds = _pending_ranges(on, state).get(route.index)
+        bounds = pending_ranges(on, state).get(route.index)
     if bounds is not None:  # fetch the first pages whole, merge, then cut the page
         # A negative LIMIT is SQLite's "no limit" (and a negative OFFSET counts as 0).
         limit, offset = (-1 if limit < 0 else limit + max(offset, 0)), 0
     try:
         if scan:
-            if route.index is not None and _rejected(route.index, route.match):
+            if route.index is not None and rejected(route.index, route.match):
                 return None
-            return _scan_hits(on.connection(), route, filters, sort, page)
+            return scan_hits(on, route, filters, sort, page)
         with _like_any_registered(on.driver, route) as like_function:
             shape, values = _shape_and_values(
                 route,
@@ -360,441 +383,159 @@ def _fetch_hits(
                 rank=bounds is not None,
                 sort=sort,
                 like_function=like_function,
-                blobs=_reading_leniently(on.driver),
+                blobs=reading_leniently(on.driver),
             )
             values.update(limit=limit, offset=offset)
-            keys = ("id", *(("rank",) if shape.rank else ()), "snippet", *_RESULT_KEYS)
+            keys = ("id", *(("rank",) if shape.rank else ()), "snippet", *RESULT_KEYS)
             sql, params = _prepared(shape).bind(values)
             rows = [dict(zip(keys, row, strict=True)) for row in on.rows(sql, params)]
-            _bounded_snippets(on, route, shape, rows)
+            if shape.table is not None:
+                bounded_snippets(on, route, shape.table, rows)
         if bounds is not None:
-            extra = _pending_hits(on.connection(), route, filters, bounds)
-            rows = _merge_pending(rows, extra, sort, *page)
+            extra = pending_hits(on, route, filters, bounds)
+            rows = merge_pending(rows, extra, sort, *page)
     except UnicodeEncodeError:  # a filter with a lone surrogate: nothing stored can match it
         log.debug("search: a filter is not encodable as UTF-8; no results")
         return []
     except (DBAPIError, sqlite3.Error) as exc:
-        unreadable = _unreadable(exc)
+        unreadable = as_unreadable(exc)
         if unreadable is None:
             raise
-        if route.index is not None and _rejected(route.index, route.match):
+        if route.index is not None and rejected(route.index, route.match):
             log.debug("search: %s rejected the query", route.index)
             return None
         raise unreadable from None
     return rows
 
 
-# -- telling a query FTS5 rejects from an index or a row that cannot be read ----------------
-# Both are an OperationalError, mostly "SQL logic error" (SQLITE_ERROR): FTS5 says the same
-# for a dropped `_idx` or `_docsize` table as for some queries, so its message cannot tell
-# them apart. A MATCH against an empty table of the same tokenizer, in a connection of its
-# own, can: only the query text is there to reject.
-
-#: SQLite's primary result codes of failures of the connection or the file system, not of
-#: what is stored (busy, locked, out of memory, read-only, interrupted, I/O error, disk
-#: full, cannot open, locking protocol): the search raises them, it has no answer.
-_NOT_THE_DATA = frozenset({5, 6, 7, 8, 9, 10, 13, 14, 15})
+# -- SQLite's part of the search pipeline ---------------------------------------------------
 
 
-class _Unreadable(Exception):
-    """The index or a row could not be read: neither the query's fault nor the connection's."""
-
-    def __init__(self, why: str, error: BaseException) -> None:
-        super().__init__(why)
-        #: What failed, for ``degraded`` (SQLite's message; never a row's text).
-        self.why = why
-        #: The driver's exception, raised when nothing else can answer.
-        self.error = error
-
-
-def _unreadable(exc: DBAPIError | sqlite3.Error) -> _Unreadable | None:
-    """A driver error as _Unreadable when it may come from the index or a row, else None."""
-    error = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-    return _Unreadable(_why(error), exc) if _about_the_data(error) else None
+#: The context windows' rows (hermes_store.search.context.windows_of): SQLite's substr()
+#: stops at a NUL, so a text with one in its first CONTEXT_CHARS characters (JSON content
+#: starts with one) is read whole; one shorter than that, too. Plain text is cut in SQL (a
+#: 10 MB tool output costs no copy).
+def _context_content(content: Any) -> Any:
+    cut = func.substr(content, 1, CONTEXT_CHARS)
+    plain_and_long = and_(func.typeof(content) == "text", func.length(cut) == CONTEXT_CHARS)
+    return case((plain_and_long, cut), else_=content)
 
 
-def _about_the_data(error: BaseException) -> bool:
-    """Whether a driver error may come from the index or a row (so another way of reading
-    may answer), not from the connection, the file system or the call."""
-    if not isinstance(error, sqlite3.DatabaseError) or isinstance(error, sqlite3.ProgrammingError):
-        return False
-    code = getattr(error, "sqlite_errorcode", None)
-    return code is None or code & 0xFF not in _NOT_THE_DATA
+_CONTEXT_WINDOWS = Prepared.of(windows_of(_context_content))
 
 
-def _why(error: BaseException) -> str:
-    """A failure in SQLite's own words: they name objects, never a row's text. A failure of
-    the driver's own (text it cannot decode: its message quotes the text) is not quoted."""
-    if getattr(error, "sqlite_errorcode", None) is not None:
-        return f"SQLite: {error}"
-    return "the driver could not read a text"
+class SQLiteSearch:
+    """The search statements on one SQLite connection (hermes_store.search.pipeline)."""
 
+    def __init__(self, on: Runner, learn: Callable[[], State]) -> None:
+        self.on = on
+        self._learn = learn
 
-_probe_lock = threading.Lock()
+    @functools.cached_property
+    def state(self) -> State:
+        """What search knows of the database, learnt on first use (after sanitising)."""
+        return self._learn()
 
+    def plan(self, sanitized: str) -> Plan | SearchResults:
+        state = self.state
+        if state.application:
+            raise UnsupportedLayout(
+                "this store's search indexes are in the Hermes application's own layout "
+                "(it moved them itself), which hermes-store does not search: use the agent's "
+                "search; `check`, `storage` and `optimize` work on it"
+            )
+        if WORD_INDEX not in state.tables and WORD_INDEX not in state.damaged:
+            log.debug("search: no %s table; no results", WORD_INDEX)  # FTS5 unavailable
+            return SearchResults()
+        route = route_query(sanitized, trigram=TRIGRAM_INDEX in state.tables)
+        if route.index is not None and route.index in state.damaged:
+            return Plan(route, degraded(route.index, state.damaged[route.index]))
+        return Plan(route)
 
-@functools.cache
-def _probe() -> sqlite3.Connection:
-    """An in-memory database with an empty FTS5 table per index, its tokenizer the index's."""
-    probe = sqlite3.connect(":memory:", check_same_thread=False)  # used under _probe_lock
-    for index, tokenizer in _TOKENIZERS.items():
-        probe.execute(f"CREATE VIRTUAL TABLE {index} USING fts5(content{tokenizer})")
-    return probe
-
-
-@functools.lru_cache(maxsize=256)
-def _rejected(index: str, match: str) -> bool:
-    """Whether FTS5 rejects this MATCH expression itself, whatever any table holds (about
-    12 us: asked when a search failed or found nothing)."""
-    with _probe_lock:
+    def hits(self, plan: Plan, options: SearchOptions) -> Found:
+        """The page's rows; once reading leniently, an index that still cannot be read is
+        replaced by the exact scan."""
+        route, why = plan.route, plan.degraded
         try:
-            _probe().execute(f"SELECT 1 FROM {index} WHERE {index} MATCH ?", (match,)).fetchall()
-        except sqlite3.OperationalError:
-            return True
-    return False
+            rows = _fetch_hits(self.on, route, options, self.state, scan=bool(why))
+        except Unreadable as exc:
+            if route.index is None or why or not reading_leniently(self.on.driver):
+                raise
+            why = degraded(route.index, exc.why)
+            rows = _fetch_hits(self.on, route, options, self.state, scan=True)
+        if rows == [] and route.index is not None and rejected(route.index, route.match):
+            rows = None  # SQLite never asked FTS5: the filters alone left no row to test
+        if rows is None and route.index == TRIGRAM_INDEX:  # trigram rejected it: LIKE scan
+            route = Route(None, "", route.like_tokens)
+            rows = _fetch_hits(self.on, route, options, self.state)
+        if rows is None:  # the word index rejected the query text (FTS5 syntax error)
+            return Found([], route, degraded=why, query_error=not_understood(route.match))
+        return Found(rows, route, from_index=route.index is not None and not why, degraded=why)
 
+    def snippets(self, found: Found) -> None:
+        """Nothing left: the statement made them (FTS5's snippet(), and the bounded ones in
+        the same read, so that an index that cannot make them is scanned instead)."""
 
-# -- text that is not valid UTF-8 ----------------------------------------------------------
-# SQLite stores what a writer gives it: bytes bound as TEXT stay invalid UTF-8, and the
-# sqlite3 module refuses to turn them into str, with an error that quotes the text. Such
-# a search is read again with each invalid byte replaced by U+FFFD (what unicode61 and the
-# trigram tokenizer also treat as no letter), and the rows are named by id.
-
-
-class _Replacing:
-    """A sqlite3 text_factory: UTF-8 as str, each invalid byte as U+FFFD; counts those."""
-
-    def __init__(self) -> None:
-        self.replaced = 0
-
-    def __call__(self, data: bytes) -> str:
+    def contexts(self, hit_ids: Sequence[int]) -> dict[int, list[ContextMessage]]:
         try:
-            return data.decode()
-        except UnicodeDecodeError:
-            self.replaced += 1
-            return data.decode("utf-8", "replace")
+            return contexts_of(
+                lambda chunk: self.on.rows(*_CONTEXT_WINDOWS.bind({"ids": chunk})), hit_ids
+            )
+        except (DBAPIError, sqlite3.Error) as exc:
+            unreadable = as_unreadable(exc)
+            if unreadable is not None and not reading_leniently(self.on.driver):
+                raise unreadable from None  # read again, leniently
+            log.debug("search: context lookup failed (%s)", type(exc).__name__)
+        except Exception as exc:  # the contract: a failed context lookup leaves every hit with []
+            log.debug("search: context lookup failed (%s)", type(exc).__name__)
+        return {}
+
+    def read(self, answer: Callable[[], SearchResults]) -> SearchResults:
+        """``answer``; if the index or a row could not be read, again: the index, else the
+        scan, with invalid UTF-8 as U+FFFD and its messages named in ``degraded``."""
+        try:
+            return answer()
+        except Unreadable:
+            pass
+        with replacing_text(self.on.driver) as replacing:
+            try:
+                results = answer()
+            except Unreadable as exc:  # nothing else reads `messages`: no answer
+                raise exc.error from None
+            ids = [hit["id"] for hit in results]
+            named = undecodable(self.on, ids) if replacing.replaced else None
+        if named:
+            results.degraded = f"{results.degraded}; {named}" if results.degraded else named
+        return results
+
+
+def search_statements(conn: Connection) -> SQLiteSearch:
+    """The search statements on an open Connection (search_messages)."""
+    return SQLiteSearch(OnConnection(conn), functools.partial(learn_state, conn))
 
 
 @contextlib.contextmanager
-def _replacing_text(raw: sqlite3.Connection) -> Iterator[_Replacing]:
-    """Read text on this connection with U+FFFD for invalid UTF-8, for the block."""
-    factory, kept = _Replacing(), raw.text_factory
-    raw.text_factory = factory
-    try:
-        yield factory
-    finally:
-        raw.text_factory = kept
+def read_transaction(source: Engine | Connections) -> Iterator[SQLiteSearch]:
+    """The search statements in a read transaction of their own (search_store).
+
+    They run on the driver connection (hermes_store.prepared), like the Store's other
+    methods. Learning what search knows of the database after a schema change takes a
+    SQLAlchemy Connection: then, and only then, the search runs on one instead.
+    """
+    with driver(source) as db:
+        db.run("BEGIN")
+        try:
+            on = OnDriver(db)
+            state = known_state(on)
+            if state is not None:
+                yield SQLiteSearch(on, functools.partial(_known, state))
+                return
+        finally:
+            db.connection.rollback()
+    with source.connect() as conn:
+        yield search_statements(conn)
+        share_state(conn.info, db.info)
 
 
-def _reading_leniently(raw: sqlite3.Connection) -> bool:
-    return isinstance(getattr(raw, "text_factory", None), _Replacing)
-
-
-#: The texts a search returns of a message (hit or context), by column.
-_TEXTS = {
-    "messages.session_id": _m.c.session_id,
-    "messages.role": _m.c.role,
-    "messages.content": _m.c.content,
-    "messages.tool_name": _m.c.tool_name,
-    "messages.tool_calls": _m.c.tool_calls,
-    "sessions.source": _s.c.source,
-    "sessions.model": _s.c.model,
-}
-_AS_BYTES = Prepared.of(
-    select(_m.c.id, *(column.cast(LargeBinary) for column in _TEXTS.values()))
-    .select_from(_m.outerjoin(_s, _s.c.id == _m.c.session_id))
-    .where(_m.c.id.in_(bindparam("ids", expanding=True)))
-)
-_WINDOW_IDS = Prepared.of(CONTEXT_WINDOW_IDS)
-#: At most this many messages are named in ``degraded``.
-_NAMED = 5
-
-
-def _undecodable(on: _Runner, hit_ids: Sequence[int]) -> str | None:
-    """The hits and context rows whose text is not valid UTF-8, named by id and column
-    (never by content), as a clause of ``degraded``; None when there are none."""
-    found: dict[int, list[str]] = {}
-    for chunk in _chunks(hit_ids):
-        window = sorted({row[0] for row in on.rows(*_WINDOW_IDS.bind({"ids": chunk}))})
-        for row in on.rows(*_AS_BYTES.bind({"ids": window})):
-            for name, value in zip(_TEXTS, row[1:], strict=True):
-                if isinstance(value, bytes) and not _is_utf8(value):
-                    found.setdefault(int(row[0]), []).append(name)
-    if not found:
-        return None
-    named = [f"message {i} ({', '.join(columns)})" for i, columns in sorted(found.items())]
-    if len(named) > _NAMED:
-        named[_NAMED:] = [f"{len(named) - _NAMED} more"]
-    return (
-        f"{', '.join(named)}: text that is not valid UTF-8, shown with U+FFFD for each "
-        "invalid byte (the store keeps it as written)"
-    )
-
-
-def _is_utf8(data: bytes) -> bool:
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-# -- snippets of bounded cost --------------------------------------------------------------
-
-
-_TEXT_COLUMNS = (_m.c.content, _m.c.tool_name, _m.c.tool_calls)
-
-
-def _indexed_text() -> ColumnElement[Any]:
-    """What the index holds of a message (the view `messages_fts_source`'s expression)."""
-    return (
-        func.coalesce(_m.c.content, "")
-        .concat(" ")
-        .concat(func.coalesce(_m.c.tool_name, ""))
-        .concat(" ")
-        .concat(func.coalesce(_m.c.tool_calls, ""))
-    )
-
-
-@functools.cache
-def _prepared_texts() -> Prepared:
-    """The indexed text of the hits ``ids``, as bytes (a text need not be valid UTF-8)."""
-    return Prepared.of(
-        select(_m.c.id, _indexed_text().cast(LargeBinary)).where(
-            _m.c.id.in_(bindparam("ids", expanding=True))
-        )
-    )
-
-
-def _marks(route: _Route) -> Highlight | None:
-    """What the route's snippets mark (None when the parser cannot tell: FTS5 decides)."""
-    try:
-        return highlight_of(parse_query(route.match, trigram=route.index == TRIGRAM_INDEX))
-    except QuerySyntaxError:
-        return None
-
-
-def _cheap_bytes(route: _Route) -> int:
-    """The indexed texts whose FTS5 snippet the search statement computes: those too short
-    to hold more than EXACT_INSTANCES instances of the query's phrases (at most one per
-    phrase a token; a word token and its separator take two bytes, a trigram one)."""
-    marks = _marks(route)
-    phrases = max(len(marks.phrases) if marks else MAX_SEARCH_TERMS, 1)
-    bytes_per_token = 1 if route.index == TRIGRAM_INDEX else 2
-    return fts5_snippet.EXACT_INSTANCES * bytes_per_token // phrases - 1
-
-
-def _bounded_snippets(
-    on: _Runner, route: _Route, shape: _Shape, rows: list[dict[str, Any]]
-) -> None:
-    """Fill in the snippets the search statement left out (longer texts)."""
-    if shape.table is None or not shape.page:
-        return
-    pending = [row["id"] for row in rows if row["snippet"] is None]
-    if not pending:
-        return
-    texts: dict[int, Any] = dict(
-        on.rows(*_prepared_texts().bind({"ids": pending}))  # type: ignore[arg-type]
-    )
-
-    def fts5_snippets(ids: list[int]) -> Iterable[Sequence[Any]]:
-        # `+rowid`: one MATCH over the index, the ids a filter on it; FTS5 given the ids
-        # as constraints would evaluate the query again for each (a prefix expanded anew).
-        return on.rows(
-            f"SELECT rowid, {_SNIPPET.format(shape.table)} FROM {shape.table} "
-            f"WHERE {shape.table} MATCH ? AND +rowid IN ({', '.join('?' * len(ids))})",
-            [route.match, *ids],
-        )
-
-    snippets = _snippets_of(route, texts, fts5_snippets)
-    for row in rows:
-        if row["id"] in snippets:
-            row["snippet"] = snippets[row["id"]]
-
-
-def _snippets_of(
-    route: _Route,
-    texts: Mapping[int, object],
-    fts5_snippets: Callable[[list[int]], Iterable[Sequence[Any]]],
-) -> dict[int, str]:
-    """The snippets of the texts (id -> indexed text, as bytes) longer than _cheap_bytes:
-    FTS5's own where it stays cheap (SNIPPET_EXACT_BYTES, EXACT_INSTANCES), asked of
-    ``fts5_snippets`` (ids -> (id, snippet) rows); the others bounded."""
-    marks = _marks(route)
-    trigram = route.index == TRIGRAM_INDEX
-    phrases: list[Any] = []
-    if marks is not None:
-        phrases = [phrase[0][0] for phrase in marks.phrases] if trigram else list(marks.phrases)
-    cheap = _cheap_bytes(route)
-    exact: list[int] = []
-    snippets: dict[int, str] = {}
-    for hit_id, data in texts.items():
-        if not isinstance(data, bytes) or len(data) <= cheap:
-            continue  # a NULL text's snippet, or one FTS5 made
-        text = data.decode("utf-8", "replace")
-        if marks is None or (
-            len(data) <= SNIPPET_EXACT_BYTES
-            and fts5_snippet.exact_is_bounded(text, phrases, trigram=trigram)
-        ):
-            exact.append(hit_id)
-        elif trigram:
-            snippets[hit_id] = fts5_snippet.bounded_trigram_snippet(
-                text, phrases, groups=marks.groups
-            )
-        else:
-            snippets[hit_id] = fts5_snippet.bounded_word_snippet(
-                text, phrases, near=marks.near, groups=marks.groups
-            )
-    if exact:
-        snippets.update((int(row[0]), row[1]) for row in fts5_snippets(exact))
-    return snippets
-
-
-# -- where a search's statements run ---------------------------------------------------
-
-
-class _NeedsConnection(Exception):
-    """This search takes a path that runs on a SQLAlchemy Connection only."""
-
-
-class _Runner(Protocol):
-    """Runs a search's statements: on a SQLAlchemy Connection, or on the driver."""
-
-    #: The cache of the pooled connection (what _state keeps).
-    info: dict[Any, Any]
-    #: The DBAPI connection (Python functions, the backfill markers).
-    driver: sqlite3.Connection
-
-    def rows(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]: ...
-
-    def connection(self) -> Connection: ...
-
-
-class _OnConnection:
-    """Statements through a SQLAlchemy Connection (its events and logging see them)."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self.info = conn.info
-        self.driver = cast(sqlite3.Connection, conn.connection.driver_connection)
-
-    def rows(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
-        return self.conn.exec_driver_sql(sql, tuple(params)).fetchall()
-
-    def connection(self) -> Connection:
-        return self.conn
-
-
-class _OnDriver:
-    """Statements on the pooled driver connection; the rare paths need a Connection."""
-
-    def __init__(self, db: Driver) -> None:
-        self.db = db
-        self.info = db.info
-        self.driver = db.connection
-
-    def rows(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
-        return self.db.run(sql, params).fetchall()
-
-    def connection(self) -> Connection:
-        raise _NeedsConnection
-
-
-# -- what a search knows about its database ----------------------------------------------
-# Kept with the DBAPI connection and checked once per schema change of its database (the
-# schema cookie), so a normal search pays one PRAGMA: which tables hold the indexes, whether
-# their search mechanism can be trusted. The backfill markers are re-read when the data may
-# have changed (_pending_ranges). Statements are compiled once per shape (_prepared).
-_STATE = "hermes_store.search.state"
-
-
-@dataclass
-class _State:
-    """What search knows about one connection's database, for one schema cookie."""
-
-    cookie: int
-    #: Each FTS index present -> the table that holds it (_index_tables).
-    tables: dict[str, str]
-    #: Whether `state_meta` exists (where a deferred backfill keeps its markers).
-    meta: bool
-    #: Index -> why its search mechanism cannot be trusted; {} when it can.
-    damaged: dict[str, str]
-    #: The store is in the Hermes application's own layout (not searched here).
-    application: bool
-    #: _pending_ranges' last reading, and the (total_changes, data_version) it was made at.
-    pending: dict[str, tuple[int, int]] = field(default_factory=dict)
-    markers_read_at: tuple[int, ...] | None = None
-
-
-def _index_tables(conn: Connection) -> tuple[dict[str, str], bool]:
-    """Each FTS index this database has -> the table that holds it, and whether `state_meta`
-    exists. The one place search learns its table names: every statement is built from
-    them, once per schema change."""
-    staged = {index: fts.staged_name(index) for index in (WORD_INDEX, TRIGRAM_INDEX)}
-    statement = select(_sqlite_master.c.name).where(
-        _sqlite_master.c.type == "table",
-        _sqlite_master.c.name.in_([WORD_INDEX, TRIGRAM_INDEX, "state_meta", *staged.values()]),
-    )
-    present = set(conn.execute(statement).scalars())
-    # An index rebuilt beside its legacy table (`messages_fts_next`) is read from the new
-    # table: the legacy one keeps serving the application meanwhile, but it is the one that
-    # drifted; the new one plus its pending rows is exact.
-    tables = {
-        index: staged[index] if staged[index] in present else index
-        for index in (WORD_INDEX, TRIGRAM_INDEX)
-        if index in present or staged[index] in present
-    }
-    return tables, "state_meta" in present
-
-
-def _state(on: _Runner) -> _State:
-    """This connection's _State, made again when the schema cookie has changed."""
-    cookie = int(on.rows("PRAGMA schema_version")[0][0])
-    state: _State | None = on.info.get(_STATE)
-    if state is None or state.cookie != cookie:
-        conn = on.connection()
-        tables, meta = _index_tables(conn)
-        application = fts.is_application_layout(conn)
-        damaged = {} if application else fts.check_mechanism(conn, probe_trigram=False).damaged()
-        state = _State(cookie, tables, meta, damaged, application)
-        conn.info[_STATE] = state
+def _known(state: State) -> State:
     return state
-
-
-def accept_search_objects(conn: Connection) -> None:
-    """Use this connection's indexes as they are, until the schema next changes.
-
-    For deliberate variants of the search objects (the benchmarks' comparison-only
-    layouts): search no longer compares them with this package's definition, so it does
-    not answer by a scan. Not for stores in production: `hermes-store check` finds what
-    differs, `check --repair` restores it.
-    """
-    cookie = int(conn.exec_driver_sql("PRAGMA schema_version").scalar_one())
-    tables, meta = _index_tables(conn)
-    conn.info[_STATE] = _State(cookie, tables, meta, {}, False)
-
-
-def _degraded(index: str, why: str) -> str:
-    """The one-line warning of a search answered without its damaged index."""
-    return (
-        f"the search index {index} is damaged ({why}); results come from a slower scan of "
-        "the messages; run `hermes-store check --repair`"
-    )
-
-
-def _share_state(source: dict[Any, Any], target: dict[Any, Any]) -> None:
-    """Give the driver connection what the Connection learnt of the database (_state).
-
-    A store's own connections are not its engine's (hermes_store.prepared): without this,
-    each of their searches would take the Connection again to learn it.
-    """
-    state: _State | None = source.get(_STATE)
-    known: _State | None = target.get(_STATE)
-    if (
-        state is not None
-        and target is not source
-        and (known is None or known.cookie != state.cookie)
-    ):
-        target[_STATE] = _State(
-            state.cookie, state.tables, state.meta, state.damaged, state.application
-        )
