@@ -350,6 +350,8 @@ def steps_to(targets: Sequence[str], heads: tuple[str, ...]) -> list[MigrationSt
             ) from None
         except RevisionError as exc:
             raise CommandError(str(exc.args[0])) from None
+        # The steps an ``fn`` returns (EnvironmentContext documents ``fn``; Alembic has no
+        # other constructor of its steps than these class methods).
         steps.extend(
             MigrationStep.upgrade_from_script(script.revision_map, rev) for rev in reversed(found)
         )

@@ -111,8 +111,9 @@ def _run_migrations(context: EnvironmentContext, conn: Connection, configure: An
 def _offline(context: EnvironmentContext, configure: Mapping[str, Any]) -> None:
     """Emit SQL for review (`alembic upgrade head --sql`)."""
     url = env_url(context.get_x_argument(as_dictionary=True))
-    options = {k: v for k, v in configure.items() if k not in ("compare_type",)}
-    options.pop("process_revision_directives", None)
+    # Autogenerate's options (comparison, directives) compare a live database: not here.
+    kept = ("target_metadata", "include_name", "include_object")
+    options = {key: value for key, value in configure.items() if key in kept}
     context.configure(
         url=url, literal_binds=True, transactional_ddl=True, render_as_batch=True, **options
     )
@@ -125,6 +126,8 @@ def _refuse_what_needs_the_store(context: EnvironmentContext) -> None:
     """Offline, refuse in one line (before any SQL is written) when a revision to run reads
     the store to decide what to do: its SQL cannot be known without it."""
     migration = context.get_context()
+    # The command's step planner, as its EnvironmentContext gave it (`MigrationContext.opts`
+    # holds the configure options; Alembic has no public accessor for the planner).
     plan = migration.opts.get("fn")
     if plan is None:
         return
