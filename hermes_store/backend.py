@@ -22,6 +22,8 @@ from hermes_store.errors import NotOnThisDatabase, StoreError
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
+    from pathlib import Path
+    from typing import Any
 
     from sqlalchemy import Connection, Engine
     from sqlalchemy.engine import URL
@@ -34,8 +36,9 @@ if TYPE_CHECKING:
         Shown,
         StoreStats,
     )
+    from hermes_store.migrate.state import Admit, Request, Session, StoreState, Target
     from hermes_store.prepared import Connections, Driver
-    from hermes_store.progress import Report
+    from hermes_store.progress import Phase, Report
     from hermes_store.search.pipeline import SearchStatements
     from hermes_store.sqlite.readonly import ReadOnlyOpening
 
@@ -66,6 +69,9 @@ class Features:
     #: engine: the store is a file hermes-store opens, checks and keeps private itself
     #: (:meth:`Backend.db_path` names it), not a database a server keeps.
     store_file: bool
+    #: (migration) A primary-key column may be NULL, as the models' legacy DDL declares;
+    #: where not, autogenerate's nullability difference on a key is not one to migrate.
+    nullable_keys: bool
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,60 @@ class Backend:
         raise NotImplementedError
 
     # -- migration --------------------------------------------------------------------------
+
+    def store_file(self, url: str) -> Path | None:
+        """The file a (resolved) store URL names; None when the database is not a file."""
+        raise NotImplementedError
+
+    def classify(self, target: Target) -> StoreState:
+        """Where the store is (revisions, legacy schema), read without writing anything."""
+        raise NotImplementedError
+
+    def migration_connection(
+        self, request: Request, admit: Admit, report: Report
+    ) -> AbstractContextManager[Session]:
+        """Classify the store once, let the workflow ``admit`` it, then hold the one
+        connection that the backup, the adoption and the revisions run on."""
+        raise NotImplementedError
+
+    def migration_facts(self, conn: Connection) -> tuple[tuple[str, ...], int | None, str]:
+        """(revisions, application schema version, search layout) of the store."""
+        raise NotImplementedError
+
+    def around_revisions(
+        self, conn: Connection, request: Request, report: Report
+    ) -> AbstractContextManager[dict[str, str]]:
+        """What surrounds the revisions of one command; yields notes on steps by revision."""
+        raise NotImplementedError
+
+    def after_revisions(
+        self, conn: Connection, request: Request, report: Report
+    ) -> tuple[dict[str, str], tuple[str, ...]]:
+        """What every upgrade does after its revisions: (what was healed, indexes a
+        deferred backfill still has to fill)."""
+        raise NotImplementedError
+
+    def interruption(
+        self, request: Request, phase: Phase | None, before: StoreState | None, *, created: bool
+    ) -> str | None:
+        """The account of an interrupted migration, read from the store; None: none to give."""
+        raise NotImplementedError
+
+    def prepare_given(self, conn: Connection) -> None:
+        """Prepare a caller's own connection's store before revisions run on it."""
+        raise NotImplementedError
+
+    def reading_connection(self, target: Target) -> AbstractContextManager[Connection]:
+        """A connection that reads the store, creating and adopting nothing."""
+        raise NotImplementedError
+
+    def writing_connection(self, target: Target) -> AbstractContextManager[Connection]:
+        """A connection to an existing store that takes the write lock at each BEGIN."""
+        raise NotImplementedError
+
+    def describe_revision(self, conn: Connection) -> dict[str, Any]:
+        """`hermes-store current`: revision, application schema, search layout and indexes."""
+        raise NotImplementedError
 
     # -- maintenance: stats, storage report, optimize, check, repair ------------------------
 

@@ -35,9 +35,11 @@ from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine, joined_transaction
+from hermes_store.migrate import adoption
 from hermes_store.revisions import fts_conversion
 from hermes_store.search import search_messages
 from hermes_store.sqlite import backfill, fts
+from hermes_store.sqlite import migration as sqlite_migration
 from hermes_store.sqlite.engine import flush_to_disk
 
 WORD, TRIGRAM = fts.INDEXES
@@ -90,7 +92,7 @@ def upgrade_with_writes_between(
         meanwhile()
         return verdicts
 
-    monkeypatch.setattr(migrate, "verify_ahead", verify_then_write)
+    monkeypatch.setattr(sqlite_migration, "verify_ahead", verify_then_write)
     with migration_log() as messages:
         migrate.upgrade(str(store))
     logged = {i: next(m for m in messages if m.startswith(f"{i}: ")) for i in fts.INDEXES}
@@ -156,7 +158,7 @@ def test_adoption_builds_the_reference_schema_before_the_write_lock(
             built_under_lock.append(_write_lock_held(store))
         return schema
 
-    monkeypatch.setattr(migrate, "reference_schema", watched)
+    monkeypatch.setattr(adoption, "reference_schema", watched)
     result = migrate.upgrade(str(store))
     assert result.adopted == "21"
     assert built_under_lock == [False]
@@ -177,16 +179,16 @@ def _clock_that_jumps(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     def leap() -> None:
         jump[0] += 60.0
 
-    monkeypatch.setattr(migrate, "time", Clock())
+    monkeypatch.setattr(sqlite_migration, "time", Clock())
     return leap
 
 
 @pytest.mark.parametrize(
     ("owner", "name"),
     [
-        (migrate, "_add_missing"),  # (connection, reference), inside the adoption
+        (adoption, "_add_missing"),  # (connection, reference), inside the adoption
         (SQLiteDialect_pysqlite, "do_commit"),  # (dialect, dbapi_connection)
-        (migrate, "_facts"),  # (connection), which begins its own transaction
+        (sqlite_migration, "facts"),  # (connection), which begins its own transaction
         (backfill, "pending"),  # (connection), inside the upgrade's last one
     ],
     ids=[
@@ -326,7 +328,7 @@ def test_a_verdict_without_its_change_log_is_not_trusted(
 ) -> None:
     """A verdict left behind without the log that makes it safe: full verification."""
     module = fts_conversion()
-    monkeypatch.setattr(migrate, "verify_ahead", lambda _conn: {})
+    monkeypatch.setattr(sqlite_migration, "verify_ahead", lambda _conn: {})
     sql(
         store,
         "INSERT INTO state_meta (key, value) VALUES (?, 'exact')",

@@ -163,7 +163,7 @@ def test_a_database_of_someone_else_is_refused_untouched(pg_url: str) -> None:
 def test_sqlite_only_options_are_refused_on_postgresql(pg_url: str, tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="pg_dump"):
         migrate.upgrade(pg_url, backup_to=tmp_path / "backup.db")
-    with pytest.raises(CommandError, match="SQLite stores"):
+    with pytest.raises(CommandError, match="not available on PostgreSQL stores"):
         command.upgrade(_alembic(pg_url, fts_backfill="deferred"), "head")
     assert _tables(pg_url) == set()
 
