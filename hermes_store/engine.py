@@ -217,29 +217,6 @@ def check_driver_options(parsed: URL, form: str) -> None:
     raise StoreError(f"{display_url(parsed)}: not a usable URL; write {form}")
 
 
-def backend_name(url: str) -> str:
-    """``"sqlite"`` or ``"postgresql"``: the database a (resolved) store URL names."""
-    return store_backend(url).name
-
-
-def is_server(url: str) -> bool:
-    """Whether the store is a database server (PostgreSQL), not a SQLite file.
-
-    Kept for the modules that still ask; new code asks ``backend_for(url).features``.
-    """
-    return not store_backend(url).features.store_file
-
-
-def require_sqlite(url: str, what: str) -> None:
-    """Refuse, in one line, a command that means something only on a SQLite store.
-
-    Kept for the modules that still ask; new code calls ``backend_for(url).require``.
-    """
-    backend = store_backend(url)
-    if not backend.features.store_file:
-        backend.refuse(what, backend.reasons.get("store_file", ""))
-
-
 def display_url(url: str | URL) -> str:
     """The URL as it may be shown to an operator: any password hidden."""
     return make_url(url).render_as_string(hide_password=True)

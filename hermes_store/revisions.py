@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 from importlib import resources
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 from hermes_store.errors import StoreError
@@ -90,15 +89,3 @@ def fts_head_revision() -> str:
 def app_version_range() -> str:
     """The application versions this package covers, as help texts name them: "17-30"."""
     return f"{FIRST_APP_VERSION}-{LAST_APP_VERSION}"
-
-
-@functools.cache
-def fts_conversion() -> ModuleType:
-    """The module of the FTS branch's conversion revision.
-
-    Kept only while `hermes_store.migrate` still reads its change-log helpers from it;
-    the library's own are `hermes_store.sqlite.changelog` and `declarations.SQLITE`.
-    """
-    script = script_directory().get_revision(FTS_EXTERNAL_REVISION)
-    assert script is not None
-    return script.module

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from legacy.build import build_legacy_store
-from migration_support import clone, migration_log
+from migration_support import clone, conversion_revision, migration_log
 from sqlalchemy import Connection, text
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
@@ -36,7 +36,6 @@ from hermes_store.cli import main
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine, joined_transaction
 from hermes_store.migrate import adoption
-from hermes_store.revisions import fts_conversion
 from hermes_store.search import search_messages
 from hermes_store.sqlite import backfill, fts
 from hermes_store.sqlite import migration as sqlite_migration
@@ -327,7 +326,7 @@ def test_a_verdict_without_its_change_log_is_not_trusted(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A verdict left behind without the log that makes it safe: full verification."""
-    module = fts_conversion()
+    module = conversion_revision()
     monkeypatch.setattr(sqlite_migration, "verify_ahead", lambda _conn: {})
     sql(
         store,
@@ -424,7 +423,7 @@ def test_maintenance_removes_the_change_log_of_a_killed_upgrade(
     engine = create_store_engine(store, create=False)
     try:
         with engine.begin() as conn:
-            fts_conversion().start_change_log(conn)
+            conversion_revision().start_change_log(conn)
     finally:
         engine.dispose()
     sql(store, "UPDATE messages SET content = 'x' WHERE id = 1")  # logged
@@ -455,7 +454,7 @@ def test_a_verdict_of_another_log_is_not_trusted(
 ) -> None:
     """Another upgrade replaced the change log after this one's snapshot: the writes made
     in between were logged in the log it dropped, so the verdict is not used."""
-    module = fts_conversion()
+    module = conversion_revision()
 
     def drift_then_replace_the_log() -> None:
         sql(store, f"DELETE FROM {WORD} WHERE rowid = 9")  # logged in the first log ...

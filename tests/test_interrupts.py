@@ -28,10 +28,10 @@ from migration_support import legacy_corpus_store
 
 from hermes_store import migrate
 from hermes_store.cli import main
+from hermes_store.declarations import SQLITE
 from hermes_store.errors import Interrupted
 from hermes_store.migrate import adoption
-from hermes_store.revisions import fts_conversion
-from hermes_store.sqlite import backfill, fts
+from hermes_store.sqlite import backfill, changelog, fts
 from hermes_store.sqlite import migration as sqlite_migration
 
 HEAD = migrate.head_revision()
@@ -190,12 +190,12 @@ def test_while_adopting_the_adoption_is_rolled_back(
 def test_while_verifying_the_store_is_adopted_and_nothing_converted(
     legacy_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    interrupt_at(monkeypatch, fts_conversion(), "verify_inline")
+    interrupt_at(monkeypatch, changelog, "verify_inline")
     line = interrupted(invoke("upgrade", "--db", legacy_store))
     assert "while verifying the search indexes (a read): nothing was converted" in line
     assert "the store is at revision 21 (it was at legacy schema 21 (unversioned))" in line
     assert "run `hermes-store upgrade" in line
-    assert fts_conversion().CHANGE_LOG not in tables(legacy_store)  # no trigger left logging
+    assert SQLITE.change_log.table not in tables(legacy_store)  # no trigger left logging
     assert assert_current_agrees(legacy_store)["fts_layout"] == "inline"
 
 

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 
 from hermes_store.backend import backend_for
 from hermes_store.engine import db_path, resolve_url, translate_error
-from hermes_store.errors import NotOnThisDatabase, StoreError, one_line
+from hermes_store.errors import StoreError, one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -93,14 +93,6 @@ def server_url(db: str | None) -> str | None:
     """The resolved URL when --db (or $HERMES_STORE_URL) names a PostgreSQL store, else None."""
     url = resolve_url(db, create_home=False)
     return None if backend_for(url).features.store_file else url
-
-
-def refuse_on_server(db: str | None, what: str, why: str) -> None:
-    """Refuse, in one line, a command or option that means something on a store file only,
-    saying why and what to do on a server instead (``Backend.require`` words it for a
-    feature). The wording is the one the tests of these refusals match."""
-    if server_url(db) is not None:
-        raise NotOnThisDatabase(f"{what} works on SQLite stores only: {why}. Nothing was changed")
 
 
 def store_url(db: str | None, *, create_home: bool) -> tuple[str, Path | None]:

@@ -33,7 +33,7 @@ from hermes_store.revisions import script_directory
 
 # What a deferred backfill still has to do: the library's, shown by upgrade, current,
 # optimize-storage and stats.
-from hermes_store.sqlite.migration import backfill_status as backfill_status
+from hermes_store.sqlite.storage import backfill_status
 
 
 @click.command()

@@ -1,6 +1,6 @@
 """Stores that were never under Alembic: classify a file, adopt a legacy store, restamp one.
 
-The Hermes agent writes its schema (17 to 30) without Alembic. Adoption compares such a
+The Hermes agent writes its own schema versions without Alembic. Adoption compares such a
 store with a store created fresh at its version (the revisions run in memory), adds only
 what is missing and stamps the matching revision; the chain then carries it up like any
 other. These stores are SQLite files: a PostgreSQL database is only ever made by the

@@ -54,7 +54,9 @@ class PostgreSQLBackend(Backend):
         "fts_rebuild_choice": (
             "its search indexes are built by the revisions; there is no FTS5 index to convert"
         ),
-        "staged_backfill": "its search indexes are built whole by the revision; nothing is left to fill",
+        "staged_backfill": (
+            "its search indexes are built whole by the revision; none is left to fill"
+        ),
         "vacuum_modes": "the server vacuums; optimize runs VACUUM (ANALYZE)",
         "read_only_opening": "the server decides who may read",
         "deferred_repair": "a repair rebuilds indexes CONCURRENTLY, without blocking writes",

@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store.declarations import POSTGRESQL, POSTGRESQL_TRIGGERS, postgresql_triggers
+from hermes_store.declarations import (
+    POSTGRESQL,
+    POSTGRESQL_TRIGGERS,
+    TRIGRAM_INDEX,
+    WORD_INDEX,
+    postgresql_triggers,
+)
 from hermes_store.declared import Declared, declared_objects, newest_app_version
 from hermes_store.engine import translate_error
 from hermes_store.errors import StoreError
@@ -32,7 +38,9 @@ from hermes_store.maintenance import CheckResult, RepairResult
 from hermes_store.postgresql.maintenance import store_tables
 from hermes_store.postgresql.migration import facts
 from hermes_store.revisions import script_directory
-from hermes_store.sqlite.fts import INDEXES
+
+#: The two search indexes, named as on SQLite (the same names on both databases).
+INDEXES = (WORD_INDEX, TRIGRAM_INDEX)
 
 #: The application schema version whose revision first creates the display triggers.
 DISPLAY_VERSION = POSTGRESQL_TRIGGERS[0].app_version

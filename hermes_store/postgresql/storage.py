@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from hermes_store.declarations import TRIGRAM_INDEX, WORD_INDEX
 from hermes_store.maintenance import (
     FTS_COPIES,
     FTS_INDEX,
@@ -26,7 +27,9 @@ from hermes_store.maintenance import (
     human_bytes,
 )
 from hermes_store.postgresql.migration import facts, foreign_tables, relations
-from hermes_store.sqlite.fts import INDEXES
+
+#: The two search indexes, named as on SQLite (the same names on both databases).
+INDEXES = (WORD_INDEX, TRIGRAM_INDEX)
 
 #: The group the search indexes are filed under (the SQLite report's "FTS index data").
 SEARCH_INDEX = FTS_INDEX

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, event, text
+from sqlalchemy import Connection, event
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store.declarations import SQLITE
 from hermes_store.engine import (
     BEGIN_OPTION,
     ENV_URL,
@@ -50,16 +51,15 @@ from hermes_store.migrate.state import (
 from hermes_store.progress import Phase, Report, quiet
 from hermes_store.revisions import (
     FTS_EXTERNAL_REVISION,
-    fts_conversion,
     fts_head_revision,
     head_revision,
     is_app_version,
 )
-from hermes_store.sqlite import backfill, fts, space
+from hermes_store.sqlite import backfill, changelog, fts, space
 from hermes_store.sqlite.backup import backup_from
 from hermes_store.sqlite.backup import check_target as check_backup_target
 from hermes_store.sqlite.maintenance import truncate_wal
-from hermes_store.sqlite.storage import FTS_SHADOWS, btree_bytes, human_bytes
+from hermes_store.sqlite.storage import FTS_SHADOWS, backfill_status, btree_bytes, human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def facts(connection: Connection) -> tuple[tuple[str, ...], int | None, str]:
 
 def conversion_note(x: Mapping[str, str], verdicts: Mapping[str, str]) -> str:
     """How the search conversion will go, for a person watching it."""
-    exact = fts_conversion().EXACT
+    exact = SQLITE.change_log.exact
     if x.get("fts_convert") != "rebuild" and all(v == exact for v in verdicts.values()):
         return "moving the search indexes to external content in place (nothing re-indexed)"
     if x.get("fts_backfill") == "deferred":
@@ -340,25 +340,21 @@ def verify_ahead(conn: Connection) -> dict[str, str]:
     transaction the revision then re-checks only the logged ids. Returns index -> verdict
     ('exact' or why not); {} when there is nothing to convert.
     """
-    module = fts_conversion()
     with joined_transaction(conn):
         heads = MigrationContext.configure(conn).get_current_heads()
         inline = [index for index in fts.INDEXES if fts.index_layout(conn, index) == "inline"]
         if FTS_EXTERNAL_REVISION in heads or not inline or fts.is_application_layout(conn):
             return {}
-        module.start_change_log(conn)
+        changelog.start_change_log(conn)
     verdicts: dict[str, str] = {}
     with conn.engine.connect() as reader, reader.begin():  # a snapshot; no lock is held
         # The log this snapshot runs against (another upgrade may have replaced ours since).
-        log_id = module.current_log_id(reader)
+        log_id = changelog.current_log_id(reader)
         for index in inline:
-            verdicts[index] = module.verify_inline(reader, index) or module.EXACT
+            verdicts[index] = changelog.verify_inline(reader, index) or SQLITE.change_log.exact
     with joined_transaction(conn):
         for index, verdict in verdicts.items():
-            conn.execute(
-                text("INSERT OR REPLACE INTO state_meta (key, value) VALUES (:key, :value)"),
-                {"key": module.VERIFIED_KEY.format(name=index), "value": f"{log_id} {verdict}"},
-            )
+            changelog.record_verdict(conn, index, log_id, verdict)
     log.info(
         "search indexes verified under a read snapshot: %s",
         ", ".join(f"{index} {verdict}" for index, verdict in verdicts.items()),
@@ -385,7 +381,7 @@ def change_log_removed_on_failure(conn: Connection) -> Iterator[None]:
             log.warning(
                 "the upgrade's change log (table %s and its triggers) could not be removed; "
                 "the next upgrade removes it",
-                fts_conversion().CHANGE_LOG,
+                SQLITE.change_log.table,
             )
         raise
 
@@ -578,45 +574,6 @@ def _refuse_deleting_data(path: Path | None, how: str) -> None:
                 held[table] = int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
     if any(held.values()):
         raise deleting_data_refused(held, how)
-
-
-def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
-    """Per index, what an unfinished deferred backfill still has to do.
-
-    An index rebuilt beside its legacy table is listed under its own name, with the table
-    it is built in (``"table": "messages_fts_next"``); a swapped-out legacy index whose
-    pages are still being freed under its retired name.
-    """
-    status: dict[str, dict[str, Any]] = {}
-    if fts.layout(conn) not in ("external", "staging"):  # nothing of ours to fill or drop
-        items: list[backfill.Pending] = []
-        filled: list[str] = []
-    else:
-        items, filled = backfill.pending(conn), backfill.merging(conn)
-    for item in items:
-        status[item.logical] = {
-            "state": "filling",
-            "high_water": item.high_water,
-            "indexed_upto": item.indexed_upto,
-            "rows_left": backfill.rows_left(conn, item),
-        }
-    for table in filled:
-        status[fts.logical_index(table)] = {"state": "merging", "rows_left": 0}
-    for index, table in fts.staged_indexes(conn).items():
-        status.setdefault(index, {"state": "ready to swap in", "rows_left": 0})
-        status[index]["table"] = table
-    for table in fts.retired_indexes(conn):
-        status[table] = {
-            "state": "retired, being freed in steps (`hermes-store optimize` frees it)",
-            "rows_left": backfill.retired_rows(conn, table),
-        }
-    if backfill.has_change_log(conn):  # see migrate.verify_ahead
-        status["upgrade change log"] = {
-            "state": "an upgrade is running or was interrupted; optimize, optimize-storage "
-            "or the next upgrade removes it",
-            "rows_left": 0,
-        }
-    return status
 
 
 def describe(conn: Connection) -> dict[str, Any]:
