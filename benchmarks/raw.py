@@ -20,7 +20,7 @@ Where the statements come from (NousResearch/hermes-agent, read, not copied):
 - rewind: ``UPDATE messages SET active = 0 WHERE id IN (...)`` (its rewind mixin).
 - delete: ``SELECT COUNT(*)``, children unparented, messages, then the session, in one
   write transaction.
-- search: the contract it answers by (shared/spec/search.md, written from the
+- search: the contract it answers by (docs/search.md, written from the
   application's ``search_messages``): one SELECT per query on the route's index (or the
   LIKE scan), then the context windows of all hits in one statement, shaped like its
   ``_CONTEXT_WINDOW_SQL`` (``hermes_state_search.py``, commit 02077aa7) minus the columns
@@ -41,8 +41,8 @@ from hermes_store.records import NewMessage
 from hermes_store.search import (
     TRIGRAM_INDEX,
     WORD_INDEX,
-    _context_text,
     contains_cjk,
+    context_text,
     count_cjk,
     sanitize_query,
 )
@@ -320,7 +320,7 @@ def search(
     contexts: dict[int, list[dict[str, str]]] = {hit["id"]: [] for hit in hits}
     windows = CONTEXT_WINDOWS.format(ids=",".join("?" * len(contexts)))
     for hit_id, role, content in conn.execute(windows, list(contexts)):
-        contexts[hit_id].append({"role": role, "content": _context_text(content)})
+        contexts[hit_id].append({"role": role, "content": context_text(content)})
     for hit in hits:
         hit["context"] = contexts[hit["id"]]
     return hits

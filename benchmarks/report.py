@@ -42,8 +42,9 @@ from benchmarks.layouts import (
     REBUILD,
     VARIANTS,
 )
-from hermes_store import prepared, storage
+from hermes_store import prepared
 from hermes_store.search import accept_search_objects
+from hermes_store.sqlite import storage
 from hermes_store.store import Store
 
 DEFAULT_SIZES = (1_000, 10_000, 50_000)

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import layouts, workloads
-from hermes_store import backfill, migrate
+from hermes_store import migrate
 from hermes_store.engine import create_store_engine
+from hermes_store.sqlite import backfill
 
 ROUNDS = 2
 REBUILD = {"fts_convert": "rebuild"}

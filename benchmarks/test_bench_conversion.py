@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from benchmarks import layouts, workloads
-from hermes_store import storage
+from hermes_store.sqlite import storage
 
 ROUNDS = 2
 PATHS = {"in place": False, "rebuild": True}

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from benchmarks import layouts, workloads
-from hermes_store import fts
+from hermes_store.sqlite import fts
 
 ROUNDS = 2
 

@@ -21,9 +21,9 @@ from sqlalchemy.engine import make_url
 from benchmarks import layouts, workloads
 from hermes_store.copy import copy_store
 from hermes_store.engine import create_store_engine
+from hermes_store.postgresql.storage import server_storage_report
 from hermes_store.search import search_messages
-from hermes_store.server_storage import server_storage_report
-from hermes_store.storage import storage_report
+from hermes_store.sqlite.storage import storage_report
 
 pytestmark = pytest.mark.postgresql
 

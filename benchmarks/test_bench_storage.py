@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import layouts, workloads
-from hermes_store import storage
+from hermes_store.sqlite import storage
 
 
 @pytest.mark.parametrize("layout", layouts.LAYOUTS)

@@ -25,10 +25,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from benchmarks import layouts
-from hermes_store import fts, maintenance, storage
 from hermes_store.demo import corpus as corpus_mod
 from hermes_store.engine import create_store_engine
 from hermes_store.search import accept_search_objects, sanitize_query, search_messages
+from hermes_store.sqlite import fts, maintenance, storage
 from hermes_store.store import NewMessage, Store
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -111,6 +111,10 @@ class UnknownRevision(StoreError):
     """A revision name this package does not have (`hermes-store history` lists them)."""
 
 
+class CopyRefused(StoreError):
+    """The copy was refused; the target was left as it was (or as its last committed batch)."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Work stopped by Ctrl-C; the message says what was kept, what is left and what
     command finishes it. Still a KeyboardInterrupt, so callers that stop on one still do."""

@@ -1,81 +1,110 @@
-"""Keeping a store small and healthy: counts, optimize (merge + checkpoint + VACUUM), check
-and repair."""
+"""What the maintenance commands report, whichever database holds the store.
+
+The backends (``hermes_store/sqlite/``, ``hermes_store/postgresql/``) fill these types; the
+commands print them without asking which database filled them. A report says what it
+shows a person as a :data:`View` (tables and lines, in order), so that the wording of
+each database's report stays beside the code that measured it.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import re
-import sqlite3
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DBAPIError
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
-from hermes_store import backfill
-from hermes_store.backfill import pending, rows_left
-from hermes_store.backup import backup_from, default_backup_path, remove_partials
-from hermes_store.declared import Declared, app_version, declared_objects
-from hermes_store.engine import (
-    BEGIN_OPTION,
-    db_path,
-    require_writable,
-    sqlite_errors,
-    translate_error,
-)
-from hermes_store.errors import Interrupted, NotEnoughFreeSpace, StoreError
-from hermes_store.fts import (
-    DIFFERS,
-    INDEXES,
-    MISSING,
-    CheckResult,
-    begin_writing,
-    check_mechanism,
-    index_layout,
-    integrity_check,
-    normalise_sql,
-    optimize_index,
-    present_indexes,
-    repair_index,
-    restore_mechanism,
-    retired_indexes,
-    segment_count,
-    staged_indexes,
-)
-from hermes_store.progress import Phase, Report, Tracker
-from hermes_store.space import Need, require_free, sqlite_temp_dir
+# -- what a person is shown -------------------------------------------------------------------
 
-log = logging.getLogger(__name__)
 
-#: A callback given one line per phase, for a person.
-Progress = Callable[[str], None]
+@dataclass(frozen=True)
+class Table:
+    """Records shown as one table (see ``cli/output.emit_records``)."""
 
-#: The one error of a command refused for lack of space, under the name it had here.
-NotEnoughSpace = NotEnoughFreeSpace
+    records: list[dict[str, Any]]
+    columns: tuple[str, ...]
+    title: str | None = None
+    right: tuple[str, ...] = ()
+    headers: Mapping[str, str] | None = None
+
+
+#: What a report shows a person: tables and lines of text, in order.
+View = list[Table | str]
+
+
+class Shown(Protocol):
+    """A result a command prints: JSON for programs, a view for people."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        ...
+
+    def view(self) -> View:
+        """What a person reads."""
+        ...
+
+
+class Measured(Shown, Protocol):
+    """A report that is also one record per measured object (``--nl``, ``--csv``)."""
+
+    def records(self) -> Table:
+        """One record per object, with the columns to print."""
+        ...
+
+
+def human_bytes(size: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+# -- stats ------------------------------------------------------------------------------------
 
 
 @dataclass
 class StoreStats:
-    """How much a store holds."""
+    """How much a store holds, and its size as its database measures it."""
 
     sessions: int
     messages: int
     sessions_by_source: dict[str, int] = field(default_factory=dict)
-    file_bytes: int = 0
-    wal_bytes: int = 0
+    #: What each size is called ("file bytes", "WAL bytes", "database bytes") -> bytes.
+    sizes: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
+        """JSON-ready form: each size under its name in snake case ("wal_bytes")."""
+        return {
+            "sessions": self.sessions,
+            "messages": self.messages,
+            "sessions_by_source": dict(self.sessions_by_source),
+            **{name.lower().replace(" ", "_"): size for name, size in self.sizes.items()},
+        }
+
+    def records(self, *, human: bool = False) -> list[dict[str, Any]]:
+        """One record per count (sizes as "1.5 KiB" when ``human``)."""
+        return [
+            {"what": "sessions", "count": self.sessions},
+            {"what": "messages", "count": self.messages},
+            *(
+                {"what": f"sessions from {source}", "count": count}
+                for source, count in self.sessions_by_source.items()
+            ),
+            *(
+                {"what": name, "count": human_bytes(size) if human else size}
+                for name, size in self.sizes.items()
+            ),
+        ]
 
 
-def store_stats(conn: Connection, path: Path | None) -> StoreStats:
-    """Sessions, messages, sessions per source and the size on disk."""
+def store_counts(conn: Connection) -> StoreStats:
+    """Sessions, messages and sessions per source (plain SQL: the same on every database)."""
+    from sqlalchemy import text
+
     by_source = {
         str(source): int(count)
         for source, count in conn.execute(
@@ -83,498 +112,121 @@ def store_stats(conn: Connection, path: Path | None) -> StoreStats:
         )
     }
     messages = int(conn.execute(text("SELECT count(*) FROM messages")).scalar_one())
-    stats = StoreStats(sum(by_source.values()), messages, by_source)
-    if path is not None and path.exists():
-        stats.file_bytes = path.stat().st_size
-        wal = path.with_name(path.name + "-wal")
-        stats.wal_bytes = wal.stat().st_size if wal.exists() else 0
-    return stats
+    return StoreStats(sum(by_source.values()), messages, by_source)
+
+
+# -- storage report groups ----------------------------------------------------------------------
+
+MESSAGE_DATA = "message data"
+FTS_INDEX = "FTS index data"
+FTS_COPIES = "redundant FTS text copies"
+OTHER = "other"
+#: The groups both storage reports file every table and index under, in this order.
+GROUPS = (MESSAGE_DATA, FTS_INDEX, FTS_COPIES, OTHER)
+
+
+# -- finishing a deferred index build (optimize-storage) --------------------------------------
 
 
 @dataclass
-class OptimizeResult:
-    """Sizes before and after `optimize`."""
+class IndexBuild:
+    """What `optimize-storage` did: the chunks of a deferred index build it ran."""
 
-    bytes_before: int
-    bytes_after: int
-    indexes: list[str]
-    vacuumed: bool
-    #: False when readers kept the WAL from being truncated (its bytes are in bytes_after).
-    wal_truncated: bool = True
-    #: Hidden partial copies of killed backups removed from the store's directory.
-    removed_partials: list[str] = field(default_factory=list)
-    #: The longest time one step held the store's write lock, in seconds (VACUUM holds it
-    #: for its whole run: --no-vacuum keeps it to the merge).
-    longest_write_lock_s: float = 0.0
-    #: Bytes of free pages only a full VACUUM can return (a bounded run on a store without
-    #: incremental auto-vacuum); 0 when nothing is left to return.
-    vacuum_needed_bytes: int = 0
-
-    @property
-    def reclaimed(self) -> int:
-        """Bytes given back to the file system."""
-        return self.bytes_before - self.bytes_after
+    rows_done: int = 0
+    chunks: int = 0
+    lock_seconds: float = 0.0
+    longest_lock_s: float = 0.0
+    paused_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
+    #: False when no deferred build was pending.
+    pending: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {**asdict(self), "reclaimed": self.reclaimed}
+        if not self.pending:
+            return {
+                "rows_done": 0,
+                "chunks": 0,
+                "status": "nothing to do",
+                "longest_write_lock_s": 0.0,
+            }
+        return {
+            "rows_done": self.rows_done,
+            "chunks": self.chunks,
+            "lock_seconds": round(self.lock_seconds, 3),
+            "longest_lock_ms": round(self.longest_lock_s * 1000, 1),
+            "longest_write_lock_s": round(self.longest_lock_s, 3),
+            "paused_seconds": round(self.paused_seconds, 3),
+            "checkpoint_seconds": round(self.checkpoint_seconds, 3),
+            "status": "done",
+        }
+
+    def view(self) -> View:
+        """One line for a person."""
+        if not self.pending:
+            return ["no deferred index build is pending: nothing to do"]
+        return [
+            f"indexed {self.rows_done} rows in {self.chunks} transactions; longest lock "
+            f"{round(self.longest_lock_s * 1000, 1)} ms, {self.lock_seconds:.1f} s locked in all"
+        ]
 
 
-def _on_disk(path: Path | None) -> int:
-    if path is None:
-        return 0
-    sizes = (p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
-    return sum(sizes)
+# -- check and repair ---------------------------------------------------------------------------
 
 
-def vacuum_space_needed(path: Path) -> list[Need]:
-    """Free bytes VACUUM needs: a temporary copy of the store in SQLite's temporary
-    directory, then every page written back through the WAL next to the store."""
-    size = path.stat().st_size
-    needs = [Need(path.parent, size, "its pages written back through the WAL")]
-    temp_dir = sqlite_temp_dir()
-    if temp_dir is not None:
-        needs.append(Need(temp_dir, size, "a temporary copy of the store"))
-    return needs
+@dataclass
+class CheckResult:
+    """Outcome of the integrity checks: what was checked and what is broken."""
 
+    checked: list[str] = field(default_factory=list)
+    problems: dict[str, str] = field(default_factory=dict)
+    #: Indexes not checked because a deferred backfill has not filled them yet.
+    skipped: dict[str, str] = field(default_factory=dict)
+    #: Where the FTS5 checks ran: "snapshot" (a private copy: the store's write lock is never
+    #: taken) or "live" (each check a short write transaction on the store).
+    fts_checked_on: str = "live"
+    #: The longest time one of the checks held the store's write lock, in seconds.
+    longest_write_lock_s: float = 0.0
 
-def check_vacuum_space(path: Path) -> None:
-    """Refuse before VACUUM when a file system lacks the space it needs."""
-    require_free(
-        vacuum_space_needed(path),
-        task="VACUUM",
-        store=path,
-        advice="Free some space (or set SQLITE_TMPDIR to a larger file system), or run "
-        "without --vacuum (bounded steps, no VACUUM)",
-    )
+    @property
+    def ok(self) -> bool:
+        """True when every check passed."""
+        return not self.problems
 
-
-#: Pages of FTS5 merging per step of a bounded optimize (FTS5 'merge', N): tens of
-#: milliseconds of write lock. A positive N merges the levels that hold enough segments to
-#: merge (FTS5's own incremental merge); a negative N (merge everything into one segment)
-#: corrupted the index here after about 1,000 steps interleaved with another process's
-#: writes (SQLite 3.40.1), so it is not used: one segment is what --vacuum's 'optimize' gives.
-MERGE_STEP_PAGES = 64
-#: Pages a bounded optimize returns to the file system per step (incremental_vacuum).
-VACUUM_STEP_PAGES = 2048
-#: Pause between bounded steps, as a share of the time the step held the lock: writers
-#: waiting on the lock get it in between.
-STEP_PAUSE = 1.0
-
-
-def optimize(
-    engine: Engine,
-    *,
-    vacuum: bool | None = True,
-    progress: Progress | None = None,
-    report: Report | None = None,
-) -> OptimizeResult:
-    """Merge every FTS index, checkpoint the WAL, give free pages back to the file system;
-    remove the hidden partial copies killed backups left in the store's directory.
-
-    ``vacuum=True``: FTS5 'optimize' of each index in one transaction, then VACUUM, which
-    holds the write lock for its whole run (the agent waits); the store is switched to
-    incremental auto-vacuum on the way, so that later bounded runs can shrink it.
-    ``vacuum=None`` (bounded, for a store in use): every step is a short write transaction,
-    with pauses between: the indexes' segments are merged MERGE_STEP_PAGES at a time (FTS5's
-    incremental merge; not into a single segment), and free pages
-    are returned VACUUM_STEP_PAGES at a time when the store uses incremental auto-vacuum
-    (otherwise ``vacuum_needed`` says how much only a full VACUUM can return).
-    ``vacuum=False``: merge and checkpoint only. ``report`` is told each phase as it starts
-    (and how far the counted ones got); ``progress``, the label of each new phase.
-    Interrupted, it raises Interrupted saying what was kept and what is left.
-    """
-    said: list[str] = []
-
-    def both(phase: Phase) -> None:
-        if report is not None:
-            report(phase)
-        if progress is not None and said[-1:] != [phase.label]:
-            said.append(phase.label)
-            progress(phase.label)
-
-    tracker = Tracker(both)
-    try:
-        return _optimize(engine, vacuum, tracker)
-    except KeyboardInterrupt as exc:
-        raise Interrupted(_interrupted(engine, vacuum, tracker.last)) from exc
-
-
-def _interrupted(engine: Engine, vacuum: bool | None, phase: Phase | None) -> str:
-    """What an interrupted optimize leaves, read from the store afterwards."""
-    path = db_path(str(engine.url))
-    finish = "hermes-store optimize" + (f" --db {path}" if path else "")
-    finish += " --vacuum" if vacuum else " --no-vacuum" if vacuum is False else ""
-    doing = phase.label if phase is not None else "starting"
-    kept = (
-        "VACUUM was rolled back, the file keeps its size"
-        if phase is not None and phase.kind == "vacuum" and vacuum
-        else "the step in flight was rolled back and every finished one is kept"
-    )
-    with engine.connect() as conn:
-        names = retired_indexes(conn)
-        rows = sum(backfill.retired_rows(conn, name) for name in names)
-    left = f"; {rows:,} rows of {', '.join(names)} are still to free" if names else ""
-    return f"interrupted while {doing}: {kept}{left}; run `{finish}` to finish"
-
-
-def _optimize(engine: Engine, vacuum: bool | None, say: Tracker) -> OptimizeResult:
-    path = db_path(str(engine.url))
-    require_writable(path)
-    before = _on_disk(path)
-    if vacuum and path is not None:
-        check_vacuum_space(path)
-    locks: list[float] = [0.0]
-    vacuum_needed = 0
-    # Each step is one transaction (VACUUM is one too): a full disk rolls back the step in
-    # progress and leaves the store as the previous step left it.
-    with sqlite_errors(path):
-        with engine.connect() as conn:
-            # A legacy index being rebuilt beside itself is not merged: it is to be dropped.
-            names = [name for name in present_indexes(conn) if name not in staged_indexes(conn)]
-            # One segment is as merged as an index gets: nothing to do, no write lock to
-            # wait for (FTS5 would only take the lock to find that out).
-            unmerged = [name for name in names if segment_count(conn, name) not in (0, 1)]
-            retired = retired_indexes(conn)
-            leftover = backfill.has_change_log(conn)
-            conn.rollback()
-            if leftover:  # an upgrade killed between its verification and its conversion
-                say(Phase("free", "removing an interrupted upgrade's change log"))
-                with _writing(conn, locks):
-                    backfill.remove_stale_change_log(conn)
-            if retired:  # set aside by a conversion or a swap; dropped before the merges
-                say(Phase("free", f"dropping {', '.join(retired)}"))
-                _drop_retired(conn, retired, locks, whole=bool(vacuum), report=say)
-            for name in unmerged:
-                say(Phase("merge", f"merging {name}", item=name))
-                if vacuum:
-                    with _writing(conn, locks):  # waits for the agent's write lock
-                        optimize_index(conn, name)
-                else:
-                    _merge_in_steps(conn, name, locks, say)
-        # Checkpoint and VACUUM must run outside any transaction: use the driver directly
-        # (the engine leaves it in autocommit mode; SQLAlchemy would wrap them in BEGIN).
-        raw = engine.raw_connection()
-        try:
-            driver = raw.driver_connection
-            assert isinstance(driver, sqlite3.Connection)
-            say(Phase("checkpoint", "checkpointing the WAL"))
-            truncated = truncate_wal(driver)
-            if vacuum:
-                say(Phase("vacuum", "vacuuming (one statement: the write lock all along)"))
-                started = time.perf_counter()
-                # Takes effect with this VACUUM; later bounded runs then shrink the file.
-                driver.execute("PRAGMA auto_vacuum=INCREMENTAL")
-                driver.execute("VACUUM")  # one transaction: the write lock, all along
-                locks.append(time.perf_counter() - started)
-                truncated = truncate_wal(driver)
-            elif vacuum is None:
-                vacuum_needed = _vacuum_in_steps(driver, locks, say)
-                truncated = truncate_wal(driver)
-        finally:
-            raw.close()
-    # A backup killed midway (kill -9, power loss) leaves a hidden partial copy, as large
-    # as the store, next to where it was going: the default backup place is this directory.
-    removed = [str(p) for p in remove_partials(path.parent)] if path is not None else []
-    return OptimizeResult(
-        before,
-        _on_disk(path),
-        names,
-        bool(vacuum),
-        truncated,
-        removed,
-        round(max(locks), 3),
-        vacuum_needed,
-    )
-
-
-@contextlib.contextmanager
-def _writing(conn: Connection, locks: list[float]) -> Iterator[None]:
-    """One write transaction, begun as a writer; its hold time appended to ``locks``."""
-    with begin_writing(conn), _timed(locks):
-        yield
-
-
-@contextlib.contextmanager
-def _timed(locks: list[float]) -> Iterator[None]:
-    """Append how long the block ran (a transaction holding the write lock) to ``locks``."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        locks.append(time.perf_counter() - started)
-
-
-def _merge_in_steps(conn: Connection, name: str, locks: list[float], say: Report) -> None:
-    """Merge an index's segments in short transactions (FTS5 'merge', MERGE_STEP_PAGES),
-    until a step does no work (fewer than 2 changes) or the index's size in steps has been
-    spent twice over: the agent's own writes keep adding segments, and this must end."""
-    pages = conn.exec_driver_sql(f"SELECT count(*) FROM {name}_data").scalar_one()
-    conn.rollback()
-    most = 2 * (int(pages) // MERGE_STEP_PAGES) + 8
-    for step in range(most):
-        say(Phase("merge", f"merging {name}", step, most, "steps", name))
-        with _writing(conn, locks):
-            before = conn.exec_driver_sql("SELECT total_changes()").scalar_one()
-            conn.exec_driver_sql(
-                f"INSERT INTO {name}({name}, rank) VALUES ('merge', {MERGE_STEP_PAGES})"
+    def records(self) -> list[dict[str, str]]:
+        """One record per check: the PRAGMA, each index, each wrong mechanism object (listed
+        only when wrong, "trigger messages_fts_delete"), and each check not run."""
+        mechanism = [item for item in self.problems if item != "database"]
+        mechanism = [item for item in mechanism if item not in self.checked]
+        records = []
+        for item in self.checked:
+            # The PRAGMA's problems are filed under "database".
+            problem = self.problems.get("database" if item.startswith("PRAGMA") else item)
+            records.append(
+                {"item": item, "status": "BROKEN" if problem else "ok", "detail": problem or ""}
             )
-            done = conn.exec_driver_sql("SELECT total_changes()").scalar_one() - before < 2
-        if done:
-            return
-        time.sleep(locks[-1] * STEP_PAUSE)
+        for item in mechanism:
+            records.append({"item": item, "status": "BROKEN", "detail": self.problems[item]})
+        for item, reason in self.skipped.items():
+            records.append({"item": item, "status": "not checked", "detail": reason})
+        return records
 
-
-def _drop_retired(
-    conn: Connection, names: list[str], locks: list[float], *, whole: bool, report: Report
-) -> None:
-    """Drop swapped-out legacy indexes and set-aside copies: at once (``whole``: the full
-    optimize holds the lock anyway), or in bounded steps with pauses, as the backfill does."""
-    if not whole:
-        locks.extend(backfill.drop_retired(conn, duty=1 / (1 + STEP_PAUSE), progress=report))
-        return
-    for name in names:
-        with _writing(conn, locks):
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
-
-
-def _vacuum_in_steps(driver: sqlite3.Connection, locks: list[float], say: Report) -> int:
-    """Return free pages to the file system in short steps, when the store uses
-    incremental auto-vacuum; else the bytes only a full VACUUM can return (0 when none)."""
-    page_size = driver.execute("PRAGMA page_size").fetchone()[0]
-    free = driver.execute("PRAGMA freelist_count").fetchone()[0]
-    if not free:
-        return 0
-    if driver.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # not INCREMENTAL
-        return int(free * page_size)
-    total = free
-    while free:
-        say(Phase("vacuum", "returning free pages in steps", total - free, total, "pages"))
-        started = time.perf_counter()
-        driver.execute("BEGIN IMMEDIATE")
-        try:
-            driver.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})").fetchall()
-            driver.execute("COMMIT")
-        except BaseException:
-            driver.execute("ROLLBACK")
-            raise
-        locks.append(time.perf_counter() - started)
-        free = driver.execute("PRAGMA freelist_count").fetchone()[0]
-        time.sleep(locks[-1] * STEP_PAUSE)
-    return 0
-
-
-#: How long a TRUNCATE checkpoint may wait for readers. While it waits, it keeps new
-#: writers out: the agent's writes must never queue behind a long read for longer.
-CHECKPOINT_WAIT_MS = 200
-
-
-def truncate_wal(driver: sqlite3.Connection) -> bool:
-    """Copy the WAL into the database and truncate it, waiting at most CHECKPOINT_WAIT_MS.
-
-    When a reader keeps it from finishing, fall back to a PASSIVE checkpoint (which never
-    blocks anyone) and return False: the WAL keeps its size until the next checkpoint.
-    """
-    (previous,) = driver.execute("PRAGMA busy_timeout").fetchone()
-    driver.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
-    try:
-        busy, _log, _done = driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        if busy:
-            driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            log.warning(
-                "the WAL could not be truncated: a reader was still open after %d ms; its "
-                "frames are copied and the file will shrink at a later checkpoint",
-                CHECKPOINT_WAIT_MS,
-            )
-        return not busy
-    finally:
-        driver.execute(f"PRAGMA busy_timeout={int(previous)}")
-
-
-def check_store(conn: Connection, *, quick: bool = False, snapshot: bool = True) -> CheckResult:
-    """`PRAGMA integrity_check` (or quick_check), the indexes and triggers the revisions
-    declare, the search mechanism, every FTS5 index, and text that is not UTF-8.
-
-    Every index and trigger the store's Alembic revisions declare (:mod:`declared`) and the
-    search mechanism (view, declarations, triggers of an external-layout store, compared
-    with the FTS branch's newest revision) are checked; each wrong object is a problem
-    named ``"<kind> <name>"`` (for example ``"trigger messages_fts_delete"``), listed
-    before the index problems it causes. Messages holding text that is not UTF-8 are named
-    by id and column under ``"messages text"``. Indexes a deferred backfill has not filled
-    yet are skipped,
-    with the reason. The FTS5 checks run on a private copy in the temporary directory
-    (``snapshot=True``, when it fits), so the agent's writes never wait for them; otherwise
-    each holds the write lock for its run. A lock held past the busy timeout or a read-only
-    store raises StoreBusy / StoreReadOnly (from :func:`fts.check_index`) instead of
-    reporting the indexes as broken.
-    """
-    reading = not conn.in_transaction()
-    skip = {}
-    for item in pending(conn):
-        left = f"{rows_left(conn, item)} rows not indexed yet"
-        if item.index == item.logical:
-            skip[item.index] = (
-                f"deferred backfill pending ({left}); finish it with `hermes-store "
-                "optimize-storage`"
-            )
-        else:
-            skip[item.logical] = (
-                f"rebuilt as {item.index}, {left}: `hermes-store optimize-storage` finishes "
-                "it and swaps it in; the legacy index serves the application meanwhile"
-            )
-    for index, table in staged_indexes(conn).items():
-        skip.setdefault(
-            index,
-            f"rebuilt as {table}, not swapped in yet: `hermes-store optimize-storage` swaps "
-            "it in; the legacy index serves the application meanwhile",
-        )
-    if reading and conn.in_transaction():
-        conn.rollback()  # end the read: the FTS checks are writers from their BEGIN
-    where = Path(tempfile.gettempdir()) if snapshot else None
-    with _no_row_text():
-        result = integrity_check(conn, quick=quick, skip=skip, snapshot=where)
-        mechanism = check_mechanism(conn)
-        declared = {obj.label: why for obj, why in check_declared(conn).items()}
-        undecodable = undecodable_messages(conn)
-    if reading and conn.in_transaction():
-        conn.rollback()
-    if mechanism.skipped is not None:
-        log.debug("check: %s", mechanism.skipped)
-    database = {k: v for k, v in result.problems.items() if k == "database"}
-    indexes = {k: v for k, v in result.problems.items() if k != "database"}
-    rows = {UNDECODABLE: undecodable_problem(undecodable)} if undecodable else {}
-    result.problems = {**database, **declared, **mechanism.problems, **indexes, **rows}
-    return result
-
-
-# -- every index and trigger the store's revisions declare ----------------------------------
-
-
-def declared_version(conn: Connection) -> int | None:
-    """The application schema version whose indexes and triggers the store must have: the
-    newest its Alembic revisions include. None for a store not under Alembic (its schema is
-    the application's own until `hermes-store upgrade` adopts it)."""
-    found = conn.execute(
-        text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'")
-    ).first()
-    if found is None:
-        return None
-    heads = [str(row[0]) for row in conn.execute(text("SELECT version_num FROM alembic_version"))]
-    return app_version(heads)
-
-
-def check_declared(conn: Connection) -> dict[Declared, str]:
-    """Each index and trigger the store's revisions declare that is missing (MISSING) or
-    defined otherwise (DIFFERS); the search mechanism's are :func:`fts.check_mechanism`'s."""
-    version = declared_version(conn)
-    if version is None:
-        log.debug("check: not under Alembic; its indexes and triggers are the application's")
-        return {}
-    found = {
-        str(name): (str(kind), None if sql is None else str(sql))
-        for kind, name, sql in conn.execute(
-            text("SELECT type, name, sql FROM sqlite_master WHERE type IN ('index', 'trigger')")
-        )
-    }
-    wrong: dict[Declared, str] = {}
-    for obj in declared_objects(version):
-        kind, sql = found.get(obj.name, (None, None))
-        if kind is None:
-            wrong[obj] = MISSING
-        elif kind != obj.kind or sql is None or normalise_sql(sql) != normalise_sql(obj.sql):
-            wrong[obj] = DIFFERS
-    return wrong
-
-
-def restore_declared(
-    conn: Connection, wrong: dict[Declared, str]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """Create each wrong index and trigger again from its revision's DDL, in the caller's
-    transaction; (label -> what was wrong) for those restored, (label -> why not) for those
-    the store's rows refuse (a unique index its rows violate: the rest goes on)."""
-    restored: dict[str, str] = {}
-    refused: dict[str, str] = {}
-    for obj, why in wrong.items():
-        savepoint = conn.begin_nested()
-        try:
-            conn.exec_driver_sql(f'DROP {obj.kind.upper()} IF EXISTS "{obj.name}"')
-            conn.exec_driver_sql(obj.sql)
-        except DBAPIError as exc:
-            savepoint.rollback()
-            translated = translate_error(exc)
-            if translated is not None:
-                raise translated from exc
-            refused[obj.label] = (
-                f"not created again: the rows of {obj.table} refuse it "
-                f"({without_row_text(str(exc.orig))}); correct them and run "
-                "`hermes-store check --repair` again"
-            )
-            continue
-        savepoint.commit()
-        restored[obj.label] = why
-        log.info("repair: re-created %s (it was: %s)", obj.label, why)
-    return restored, refused
-
-
-# -- rows whose text is not UTF-8 ------------------------------------------------------------
-
-#: The check item of messages whose text cannot be read as UTF-8.
-UNDECODABLE = "messages text"
-#: How many ids the problem names (then: "and N more").
-NAMED_IDS = 20
-_DECODE_ERROR = re.compile(r"(Could not decode to UTF-8 column '[^']*') with text .*", re.S)
-
-
-def undecodable_messages(conn: Connection) -> dict[int, list[str]]:
-    """Message id -> its columns holding TEXT that is not valid UTF-8 (a writer that stored
-    bytes as TEXT). Read as bytes, so that no text is ever decoded, or quoted in an error."""
-    columns = [str(row[1]) for row in conn.exec_driver_sql("PRAGMA table_info(messages)")]
-    if "id" not in columns:
-        return {}
-    values = ", ".join(
-        f'CASE WHEN typeof("{name}") = \'text\' THEN CAST("{name}" AS BLOB) END' for name in columns
-    )
-    found: dict[int, list[str]] = {}
-    for message_id, *texts in conn.exec_driver_sql(f"SELECT id, {values} FROM messages"):
-        for name, value in zip(columns, texts, strict=True):
-            if value is None:
-                continue
-            try:
-                bytes(value).decode("utf-8")
-            except UnicodeDecodeError:
-                found.setdefault(int(message_id), []).append(name)
-    return found
-
-
-def undecodable_problem(found: dict[int, list[str]]) -> str:
-    """What `check` says of messages whose text is not UTF-8: their ids and columns only."""
-    named = [f"{i} ({', '.join(columns)})" for i, columns in sorted(found.items())[:NAMED_IDS]]
-    more = f" and {len(found) - NAMED_IDS} more" if len(found) > NAMED_IDS else ""
-    return (
-        f"{len(found)} with text that is not UTF-8, ids {', '.join(named)}{more} (a writer "
-        "stored bytes as TEXT; the application cannot read them). --repair leaves them as "
-        "they are: rewrite or delete them"
-    )
-
-
-def without_row_text(detail: str) -> str:
-    """A driver's message without the row text it may quote (sqlite3's decode error does)."""
-    return _DECODE_ERROR.sub(r"\1", detail)
-
-
-@contextlib.contextmanager
-def _no_row_text() -> Iterator[None]:
-    """Re-raise a driver error that quotes a row's text as a StoreError that does not."""
-    try:
-        yield
-    except DBAPIError as exc:
-        detail = str(exc.orig)
-        if _DECODE_ERROR.search(detail) is None:
-            raise
-        raise StoreError(
-            f"SQLite returned text that is not UTF-8 ({without_row_text(detail)}); run "
-            "`hermes-store check` to name the rows"
-        ) from None
+    def document(self, repaired: RepairResult | None = None) -> dict[str, Any]:
+        """The JSON document of `check` (and of `check --repair`, with what it did)."""
+        longest = self.longest_write_lock_s
+        if repaired is not None:
+            longest = max(longest, repaired.longest_write_lock_s)
+        payload: dict[str, Any] = {
+            "ok": self.ok,
+            "checked": self.checked,
+            "problems": self.problems,
+            "skipped": self.skipped,
+            "fts_checked_on": self.fts_checked_on,
+            "longest_write_lock_s": round(longest, 3),
+        }
+        if repaired is not None:
+            payload["repair"] = repaired.as_dict()
+        return payload
 
 
 @dataclass
@@ -614,102 +266,44 @@ class RepairResult:
             "longest_write_lock_s": round(self.longest_write_lock_s, 3),
         }
 
-
-def repair(
-    engine: Engine,
-    *,
-    backup_to: Path | None = None,
-    deferred: bool = False,
-    quick: bool = False,
-    progress: Callable[[backfill.BackfillProgress], None] | None = None,
-) -> RepairResult:
-    """Check the store; restore what its revisions declare; rebuild every broken index;
-    check again.
-
-    Before anything is written, a consistent backup goes to ``backup_to`` (default
-    ``<store>.repair-<UTC time>.bak`` next to it). Then, in one write transaction: every
-    index and trigger the store's revisions declare that is missing or different is
-    created again from its revision's DDL (one its rows refuse is named in
-    ``not_repaired``); the search mechanism of an external-layout store is restored from
-    the FTS branch's newest revision (the view, a wrong declaration, every missing or wrong
-    trigger), and every index it fed, or whose check fails, is dropped whole (also when
-    FTS5 can no longer open it), declared again from that revision and rebuilt from the
-    view. Then any other broken index is re-created from its own declaration and filled
-    again (an inline one re-indexed from `messages`), in one write transaction per index.
-    A failure rolls back the transaction in progress: each one leaves the store as it was
-    or repaired, and a second run goes on from there. ``deferred=True`` (external layout
-    only, for large stores) instead leaves the indexes to refill empty in the same
-    transaction and fills them with the resumable backfill; so are indexes whose deferred
-    backfill was pending. Damage that the database's own integrity_check reports is not
-    repaired: nothing is written then; nor are messages whose text is not UTF-8 (they are
-    the owner's: named in ``not_repaired``, left as they are).
-    """
-    path = db_path(str(engine.url))
-    require_writable(path)
-    with engine.connect() as conn:
-        before = check_store(conn, quick=quick)
-    result = RepairResult(before=before, after=before)
-    broken = [name for name in INDEXES if name in before.problems]
-    if "database" in before.problems:
-        result.refused = (
-            "the database itself fails PRAGMA integrity_check; --repair only rebuilds the FTS "
-            "indexes, so nothing was written. Restore a backup (or try sqlite3 `.recover`)"
-        )
-        return result
-    if UNDECODABLE in before.problems:
-        result.not_repaired[UNDECODABLE] = (
-            "left as they are: their text is the owner's (rewrite or delete those messages)"
-        )
-    if not set(before.problems) - {UNDECODABLE}:
-        return result
-    writer = engine.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-    locks: list[float] = [0.0]
-    with sqlite_errors(path), _no_row_text():
-        if path is not None:
-            result.backup = _repair_backup(engine, backup_to or default_backup_path(path, "repair"))
-        with writer.connect() as conn:
-            with conn.begin(), _timed(locks):
-                restored, refused = restore_declared(conn, check_declared(conn))
-                result.not_repaired.update(refused)
-                waiting = {item.index for item in pending(conn)}
-                restore = restore_mechanism(conn, rebuild=not deferred, exclude=waiting)
-                result.restored = {**restored, **restore.restored}
-                result.repaired.update(restore.rebuilt)
-                refill = list(restore.to_refill)
-                # Not this package's layout: each broken index is rebuilt on its own.
-                others = broken if restore.skipped is not None else []
-                if deferred:
-                    for name in others:
-                        if index_layout(conn, name) != "external":
-                            raise StoreError(
-                                f"{name} uses the inline layout: --deferred needs the "
-                                "external-content layout; run without --deferred, or upgrade"
-                            )
-                        refill.append(name)
-                for name in refill:
-                    backfill.start(conn, name)
-                    result.repaired[name] = (
-                        "declared again, emptied and refilled by the deferred backfill"
-                    )
-            for name in others:
-                if name not in result.repaired:
-                    with conn.begin(), _timed(locks):
-                        result.repaired[name] = repair_index(conn, name)
-            for name, how in result.repaired.items():
-                log.info("repair: %s %s", name, how)
-        result.longest_write_lock_s = max(locks)
-        if refill:
-            backfill.run(engine, progress=progress)
-        with engine.connect() as conn:
-            result.after = check_store(conn, quick=quick)
-    return result
+    def view(self) -> View:
+        """What the repair did, before the checks that follow it."""
+        if not self.before.problems:
+            return ["nothing to repair: every check passed"]
+        shown: View = []
+        if self.backup is not None:
+            shown.append(f"backup of the store before the repair: {self.backup}")
+        records = [
+            {"item": item, "done": f"restored from this package's definition (it was: {was})"}
+            for item, was in self.restored.items()
+        ]
+        records += [
+            {"item": index, "done": f"repaired: {how}"} for index, how in self.repaired.items()
+        ]
+        records += [
+            {"item": item, "done": f"not repaired: {why}"}
+            for item, why in self.not_repaired.items()
+        ]
+        if records:
+            shown.append(Table(records, ("item", "done"), headers={"done": ""}))
+            shown.append("checks after the repair:")
+        return shown
 
 
-def _repair_backup(engine: Engine, dest: Path) -> Path:
-    raw = engine.raw_connection()
-    try:
-        driver = raw.driver_connection
-        assert isinstance(driver, sqlite3.Connection)
-        return backup_from(driver, dest).path
-    finally:
-        raw.close()
+__all__ = [
+    "FTS_COPIES",
+    "FTS_INDEX",
+    "GROUPS",
+    "MESSAGE_DATA",
+    "OTHER",
+    "CheckResult",
+    "IndexBuild",
+    "Measured",
+    "RepairResult",
+    "Shown",
+    "StoreStats",
+    "Table",
+    "View",
+    "human_bytes",
+    "store_counts",
+]

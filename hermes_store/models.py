@@ -1,4 +1,5 @@
-"""The schema at head (application schema 30) as SQLAlchemy sees it.
+"""The schema at head (the application's newest schema, revisions.LAST_APP_VERSION) as
+SQLAlchemy sees it.
 
 FTS5 tables, the view and the triggers are raw DDL in the revisions. One model set serves
 both databases: SQLite's 64-bit INTEGER, REAL and BLOB are BIGINT, DOUBLE PRECISION and

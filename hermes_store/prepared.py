@@ -33,19 +33,12 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect, make_url
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import Executable
 
-from hermes_store.engine import (
-    SQL_LOGGER,
-    configure_connection,
-    create_store_engine,
-    redact_server_error,
-    side_link_refusal,
-    sqlite_timeout,
-    translate_server_error,
-)
-from hermes_store.models import from_server_text, to_server_text, unstorable_text
+from hermes_store.backend import Backend, backend_of
+from hermes_store.engine import SQL_LOGGER, create_store_engine, store_backend
+from hermes_store.models import unstorable_text
+from hermes_store.sqlite.engine import configure_connection, sqlite_timeout
 
 _DIALECT = sqlite.dialect()
 #: The logger of the store's engine (create_store_engine): statements are logged there.
@@ -121,36 +114,6 @@ def _server_dialect() -> Dialect:
     return psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
 
 
-class _ServerCursor:
-    """A psycopg cursor whose rows give text as the data layer gives it (NUL where
-    PostgreSQL holds U+FFFE: ``hermes_store.models.from_server_text``)."""
-
-    __slots__ = ("_cursor",)
-
-    def __init__(self, cursor: Any) -> None:
-        self._cursor = cursor
-
-    @property
-    def rowcount(self) -> int:
-        return int(self._cursor.rowcount)
-
-    @staticmethod
-    def _row(row: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple(from_server_text(v) if isinstance(v, str) else v for v in row)
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        row = self._cursor.fetchone() if self._cursor.description else None
-        return None if row is None else self._row(row)
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        if not self._cursor.description:
-            return []
-        return [self._row(row) for row in self._cursor.fetchall()]
-
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        return iter(self.fetchall())
-
-
 class Driver:
     """A DBAPI connection running prepared statements: a pooled one, or the Store's own.
 
@@ -165,6 +128,7 @@ class Driver:
 
     __slots__ = (
         "_log",
+        "_run",
         "connection",
         "dialect",
         "hide_parameters",
@@ -184,6 +148,7 @@ class Driver:
         info: dict[Any, Any],
         *,
         logger: Any,
+        backend: Backend,
         dialect: Dialect = _DIALECT,
         hide_parameters: bool = True,
     ) -> None:
@@ -198,10 +163,14 @@ class Driver:
         #: What its lender needs to take it back (the pool's proxy, or the generation).
         self.lease: Any = None
         self._log = logger.isEnabledFor(logging.INFO)
-        self.server = dialect.name == "postgresql"
+        #: A database on a server (no store file): statements in their server form
+        #: (:attr:`Prepared.on_server`), transactions the driver begins.
+        self.server = not backend.features.store_file
+        #: The store's URL as it may be shown, once its runner has needed it.
         self.url = ""
         #: Whether a write transaction is open (from begin_write to its commit or rollback).
         self.writing = False
+        self._run = backend.statement_runner(self)
 
     def run(
         self, sql: str, params: Sequence[Any] = (), *, columns: Sequence[str] = ()
@@ -214,9 +183,7 @@ class Driver:
         if self._log:
             self.logger.info("%s", sql)
         try:
-            if self.server:
-                return self._run_on_server(sql, params)  # type: ignore[return-value]
-            return self.connection.execute(sql, params)
+            return self._run(sql, params)  # type: ignore[no-any-return]
         except UnicodeEncodeError:
             # A read raises it as is: its caller knows nothing can match (search does).
             named = zip(itertools.cycle(columns), params)
@@ -224,39 +191,6 @@ class Driver:
             if unstorable is None:
                 raise
             raise unstorable from None
-        except sqlite3.Error as exc:
-            # A link planted at a side file of the Store's own file (StoreConnections).
-            refusal = side_link_refusal(exc, getattr(self.owner, "path", None))
-            if refusal is not None:
-                raise refusal from exc
-            raise DBAPIError.instance(
-                sql,
-                params,
-                exc,
-                sqlite3.Error,
-                hide_parameters=self.hide_parameters,
-                dialect=self.dialect,
-            ) from exc
-
-    def _run_on_server(self, sql: str, params: Sequence[Any]) -> _ServerCursor:
-        import psycopg
-
-        sent = tuple(to_server_text(v) if isinstance(v, str) else v for v in params)
-        try:
-            return _ServerCursor(self.connection.execute(sql, sent))
-        except psycopg.Error as exc:
-            wrapped = DBAPIError.instance(
-                sql,
-                sent,
-                redact_server_error(exc),
-                psycopg.Error,
-                hide_parameters=self.hide_parameters,
-                dialect=self.dialect,
-            )
-            translated = translate_server_error(exc, self.url)
-            if translated is not None:
-                raise translated from wrapped
-            raise wrapped from exc
 
     def execute(self, statement: Prepared, **values: Any) -> sqlite3.Cursor:
         """Execute a prepared statement with its parameters by name."""
@@ -310,6 +244,7 @@ class PooledConnections:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._backend = backend_of(engine)
 
     def take(self) -> Driver:
         pooled = self.engine.raw_connection()
@@ -318,12 +253,11 @@ class PooledConnections:
             pooled.driver_connection,  # type: ignore[arg-type]
             pooled.info,
             logger=self.engine.logger,
+            backend=self._backend,
             dialect=self.engine.dialect,
             hide_parameters=self.engine.hide_parameters,
         )
         runner.lease = pooled
-        if runner.server:
-            runner.url = self.engine.url.render_as_string(hide_password=True)
         return runner
 
     def give(self, runner: Driver) -> None:
@@ -344,7 +278,7 @@ class StoreConnections:
 
     The Store's methods run their prepared statements here, on plain sqlite3 connections
     opened as the store's engine opens its own (the same arguments, then
-    :func:`~hermes_store.engine.configure_connection`): opening a store and reading a
+    :func:`~hermes_store.sqlite.engine.configure_connection`): opening a store and reading a
     session then costs what sqlite3 costs, not the engine's construction and pool. A call
     takes an idle connection, or opens one, for itself alone (so each thread that uses
     the store at the same time has its own), and gives it back when done. The engine
@@ -372,6 +306,7 @@ class StoreConnections:
         self._generation = 0
         self._lock = threading.Lock()
         self._engine: Engine | None = None
+        self._backend = store_backend(url)
         self.logger = _SQL_LOG
         # Taken now, as an engine takes them when it is created: a relative file name is
         # made absolute from the current directory of this moment.
@@ -419,7 +354,7 @@ class StoreConnections:
         except BaseException:
             connection.close()
             raise
-        runner = Driver(self, connection, {}, logger=self.logger)
+        runner = Driver(self, connection, {}, logger=self.logger, backend=self._backend)
         runner.lease = self._generation
         return runner
 

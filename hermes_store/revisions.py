@@ -1,8 +1,11 @@
-"""Where this package's Alembic revisions are, and what the head of each branch declares.
+"""Where this package's Alembic revisions are, and the application versions they cover.
 
-The revisions stand apart from the library (they import none of it); the library reads
-them, so that the search objects `check` expects are exactly the ones the FTS branch's
-newest revision creates, never a second copy that could drift from it.
+The revisions stand apart from the library (they import none of it) and the library reads
+no revision module as data: what `check` expects of the search layout is the typed
+snapshot in `hermes_store.declarations` (tests/test_declarations.py holds it equal to what
+its revision creates). :data:`LAST_APP_VERSION` is the one place that names the
+application's newest schema (see docs/schema-versions.md). Alembic is imported only when
+the revisions are read, so that the command's help can name the versions at no cost.
 """
 
 from __future__ import annotations
@@ -10,11 +13,12 @@ from __future__ import annotations
 import functools
 from importlib import resources
 from pathlib import Path
-from types import ModuleType
-
-from alembic.script import ScriptDirectory
+from typing import TYPE_CHECKING
 
 from hermes_store.errors import StoreError
+
+if TYPE_CHECKING:
+    from alembic.script import ScriptDirectory
 
 #: Where Alembic finds the revisions, as a package resource ("package:folder"): the
 #: project's top-level `alembic/` folder, shipped inside the package as
@@ -22,8 +26,10 @@ from hermes_store.errors import StoreError
 #: wheel finds them wherever it is run from.
 SCRIPT_LOCATION = "hermes_store:migrations"
 
-#: The application's schema versions this package has revisions for (ids "17" .. "30").
+#: The application's schema versions this package has revisions for (ids "17" and on).
 FIRST_APP_VERSION = 17
+#: The application's newest schema version: its revision is joined to the search layout's
+#: branch by the merge revision that is the single head.
 LAST_APP_VERSION = 30
 APP_VERSIONS = tuple(range(FIRST_APP_VERSION, LAST_APP_VERSION + 1))
 #: The branch of the search layout, apart from the application's numbered chain.
@@ -46,6 +52,8 @@ def require_script_location() -> Path:
 @functools.cache
 def script_directory() -> ScriptDirectory:
     """The revision scripts of this package."""
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory(str(require_script_location()))
 
 
@@ -78,17 +86,6 @@ def fts_head_revision() -> str:
         current = following[0]
 
 
-@functools.cache
-def fts_head() -> ModuleType:
-    """The module of the newest revision on the search-layout branch."""
-    script = script_directory().get_revision(fts_head_revision())
-    assert script is not None
-    return script.module
-
-
-@functools.cache
-def fts_conversion() -> ModuleType:
-    """The module of the FTS branch's conversion revision (its verification helpers)."""
-    script = script_directory().get_revision(FTS_EXTERNAL_REVISION)
-    assert script is not None
-    return script.module
+def app_version_range() -> str:
+    """The application versions this package covers, as help texts name them: "17-30"."""
+    return f"{FIRST_APP_VERSION}-{LAST_APP_VERSION}"

@@ -7,6 +7,7 @@ import logging
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 #: The logger the revisions write their decisions to (which conversion path ran, and why).
 MIGRATION_LOGGER = "alembic.runtime.migration"
@@ -66,3 +67,13 @@ def legacy_corpus_store(path: Path, messages: int, seed: int, version: int = 21)
         corpus.populate(conn, corpus.generate(messages, seed))
         conn.commit()
     return path
+
+
+def conversion_revision() -> ModuleType:
+    """The FTS branch's conversion revision, as a module: the tests check the library's
+    change log against the revision's own (the library never reads it)."""
+    from hermes_store.revisions import FTS_EXTERNAL_REVISION, script_directory
+
+    script = script_directory().get_revision(FTS_EXTERNAL_REVISION)
+    assert script is not None
+    return script.module

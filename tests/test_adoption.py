@@ -26,6 +26,7 @@ from hermes_store.errors import (
     StoreError,
     UnknownSchema,
 )
+from hermes_store.revisions import LAST_APP_VERSION
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LATER_TABLES = {19: "gateway_routing", 20: "session_model_usage", 21: "async_delegations"}
@@ -145,7 +146,7 @@ def test_adopted_store_upgrades_to_head_with_its_rows(
 
     assert migrate.upgrade(str(path)).after == (HEAD,)
 
-    assert table_data(path, "schema_version") == [{"version": 30}]
+    assert table_data(path, "schema_version") == [{"version": LAST_APP_VERSION}]
     added = {} if drift else DRIFT_COLUMNS["messages"]
     after = table_data(path, "messages")
     # Later application versions add columns too: the rows keep every value they had.
@@ -203,7 +204,7 @@ def test_a_new_store_is_created_at_head_readable_by_its_owner_only(
 
     assert migrate.upgrade(str(path)).after == (HEAD,)
 
-    assert table_data(path, "schema_version") == [{"version": 30}]
+    assert table_data(path, "schema_version") == [{"version": LAST_APP_VERSION}]
     assert _scalar(path, "SELECT version_num FROM alembic_version") == HEAD
     for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
         if candidate.exists():
@@ -259,6 +260,8 @@ def _directory(path: Path) -> None:
     (path / "keep.txt").write_text("mine", encoding="utf-8")
 
 
+#: The refusal of a legacy schema newer than the newest this package knows.
+TOO_NEW = f"schema {LAST_APP_VERSION + 1} unversioned"
 #: case -> (how to make the file, error, words the message must contain)
 REFUSALS: dict[str, tuple[Callable[[Path], None], type[StoreError], tuple[str, ...]]] = {
     "schema 16": (
@@ -266,10 +269,10 @@ REFUSALS: dict[str, tuple[Callable[[Path], None], type[StoreError], tuple[str, .
         SchemaTooOld,
         ("legacy schema 16", "17"),
     ),
-    "schema 31 unversioned": (
-        _legacy_with(21, "UPDATE schema_version SET version = 31"),
+    TOO_NEW: (
+        _legacy_with(21, f"UPDATE schema_version SET version = {LAST_APP_VERSION + 1}"),
         SchemaTooNew,
-        ("legacy schema 31", "newer than 30"),
+        (f"legacy schema {LAST_APP_VERSION + 1}", f"newer than {LAST_APP_VERSION}"),
     ),
     "schema 40 unversioned": (
         _legacy_with(21, "UPDATE schema_version SET version = 40"),
@@ -393,7 +396,7 @@ def _alembic_runs(
 #: The refusals the CLI is checked on (those of the brief; the library test covers the rest).
 CLI_REFUSALS = [
     "schema 16",
-    "schema 31 unversioned",
+    TOO_NEW,
     "unknown revision",
     "unrelated tables",
     "schema_version empty",

@@ -21,7 +21,7 @@ from alembic import command
 from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.errors import SchemaTooNew, StoreError
-from hermes_store.revisions import FTS_EXTERNAL_REVISION, head_revision
+from hermes_store.revisions import FTS_EXTERNAL_REVISION, LAST_APP_VERSION, head_revision
 
 HEAD = head_revision()
 PROMPT = "You are Hermes, a careful assistant."
@@ -50,7 +50,9 @@ MESSAGES: list[dict[str, Any]] = [
     },
     {"session_id": "s3", "role": "user", "content": "nightly report", "timestamp": 4.0},
 ]
-VERSIONS = range(17, 31)
+VERSIONS = range(17, LAST_APP_VERSION + 1)
+#: A version newer than any this package has a revision for.
+NEWER = LAST_APP_VERSION + 1
 
 
 def scalar(path: Path, sql: str) -> Any:
@@ -102,10 +104,10 @@ def test_every_version_upgrades_to_the_fresh_head_and_keeps_every_row(
 
     assert result.adopted == str(version)
     assert result.after == (HEAD,)
-    assert (result.schema_before, result.schema_after) == (version, 30)
+    assert (result.schema_before, result.schema_after) == (version, LAST_APP_VERSION)
     assert (result.layout_before, result.layout_after) == ("inline", "external")
     assert_same_schema(fresh_head(tmp_path), path)
-    assert scalar(path, "SELECT version FROM schema_version") == 30
+    assert scalar(path, "SELECT version FROM schema_version") == LAST_APP_VERSION
     assert scalar(path, "SELECT value FROM state_meta WHERE key = 'hermes_store.fts_layout'") == (
         "external"
     )
@@ -140,13 +142,13 @@ def test_the_relational_schema_at_head_is_the_applications_30(tmp_path: Path) ->
     assert usage_key(chain)[-1] == "task"
 
 
-@pytest.mark.parametrize("version", range(22, 31))
+@pytest.mark.parametrize("version", range(22, LAST_APP_VERSION + 1))
 def test_each_revision_matches_the_application_at_that_version(
     tmp_path: Path, version: int
 ) -> None:
     legacy = tmp_path / "legacy.db"
-    # Exactly that version; at 30, the newest build (the chain's 30 has its drift set).
-    build_legacy_store(legacy, version, drift=version == 30)
+    # Exactly that version; from 30 on, the newest build (the chain's 30 has its drift set).
+    build_legacy_store(legacy, version, drift=version >= 30)
     chain = tmp_path / "chain.db"
     migrate.upgrade(str(chain), str(version))
 
@@ -213,9 +215,13 @@ def test_app_version_21_converts_search_and_leaves_the_schema_at_21(tmp_path: Pa
     assert scalar(path, "SELECT version FROM schema_version") == 21
     assert schema_snapshot(path)["tables"] == tables_before
     assert "task" not in usage_key(path)
-    # The next plain upgrade (the agent moved to 30) carries it the rest of the way.
+    # The next plain upgrade (the agent moved on) carries it the rest of the way.
     result = migrate.upgrade(str(path))
-    assert (result.schema_before, result.schema_after, result.after) == (21, 30, (HEAD,))
+    assert (result.schema_before, result.schema_after, result.after) == (
+        21,
+        LAST_APP_VERSION,
+        (HEAD,),
+    )
     assert_same_schema(fresh_head(tmp_path), path)
 
 
@@ -228,10 +234,12 @@ def test_app_version_below_the_store_refuses_and_changes_nothing(tmp_path: Path)
     assert path.read_bytes() == image
 
 
-@pytest.mark.parametrize("value", ["16", "31", "latest"])
+@pytest.mark.parametrize("value", ["16", str(NEWER), "latest"])
 def test_app_version_out_of_range_is_a_clear_error(tmp_path: Path, value: str) -> None:
     path = legacy_store(tmp_path / "state.db", 21)
-    with pytest.raises(StoreError, match="supports the application's schema 17 to 30"):
+    with pytest.raises(
+        StoreError, match=f"supports the application's schema 17 to {LAST_APP_VERSION}"
+    ):
         migrate.upgrade(str(path), x={"app_version": value})
 
 
@@ -249,13 +257,13 @@ def test_the_cli_and_bare_alembic_take_the_app_version(tmp_path: Path) -> None:
     assert scalar(x_store, "SELECT count(*) FROM alembic_version") == 2
 
 
-def test_newer_than_30_is_refused_and_left_byte_identical(tmp_path: Path) -> None:
-    path = legacy_store(tmp_path / "state.db", 30)
+def test_newer_than_the_newest_is_refused_and_left_byte_identical(tmp_path: Path) -> None:
+    path = legacy_store(tmp_path / "state.db", LAST_APP_VERSION)
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE schema_version SET version = 31")
+        conn.execute(f"UPDATE schema_version SET version = {NEWER}")
     image = path.read_bytes()
 
-    with pytest.raises(SchemaTooNew, match="newer than 30"):
+    with pytest.raises(SchemaTooNew, match=f"newer than {LAST_APP_VERSION}"):
         migrate.upgrade(str(path))
     assert path.read_bytes() == image
 
@@ -281,7 +289,7 @@ def test_a_store_misstamped_22_by_an_earlier_hermes_store_is_recognised(tmp_path
 
     assert result.restamped
     assert (result.before, result.after) == (("22",), (HEAD,))
-    assert (result.schema_before, result.schema_after) == (21, 30)
+    assert (result.schema_before, result.schema_after) == (21, LAST_APP_VERSION)
     assert usage_key(path)[-1] == "task"  # the application's real 22 ran this time
     assert_same_schema(fresh_head(tmp_path), path)
     assert match(path, "messages_fts", "docker") == [1]

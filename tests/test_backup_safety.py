@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from legacy.build import build_legacy_store, insert_legacy_rows
 
 from hermes_store import migrate
-from hermes_store.backup import backup
 from hermes_store.cli import main
 from hermes_store.errors import StoreNotFound, UnsafePath
+from hermes_store.sqlite.backup import backup
 
 SESSIONS = [{"id": "s1", "source": "cli", "started_at": 1.0}]
 MESSAGES = [

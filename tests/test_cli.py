@@ -27,14 +27,16 @@ import pytest
 from click.testing import CliRunner, Result
 from legacy.build import build_legacy_store
 
-from hermes_store import fts, migrate
+from hermes_store import migrate
 from hermes_store.cli import demo as demo_command
 from hermes_store.cli import every_command, main, progress
 from hermes_store.demo import corpus
 from hermes_store.engine import ENV_BUSY_TIMEOUT, create_store_engine
 from hermes_store.errors import StoreError
 from hermes_store.search import search_messages
-from hermes_store.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA
+from hermes_store.sqlite import fts
+from hermes_store.sqlite.backend import SQLiteBackend
+from hermes_store.sqlite.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -802,7 +804,8 @@ def test_a_failed_demo_removes_what_it_wrote(
     def full_disk(*_args: Any, **_kwargs: Any) -> Any:
         raise StoreError("the disk is full (a test)")
 
-    monkeypatch.setattr(demo_command, "optimize_store", full_disk)
+    # The demo optimizes through its store's backend: the failure is injected there.
+    monkeypatch.setattr(SQLiteBackend, "optimize", full_disk)
     work = tmp_path / "work"
     work.mkdir()
     assert_one_line_error(

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.engine import create_store_engine
-from hermes_store.storage import FTS_COPIES, FTS_INDEX, MESSAGE_DATA
+from hermes_store.sqlite.storage import FTS_COPIES, FTS_INDEX, MESSAGE_DATA
 
 pytestmark = pytest.mark.postgresql
 
@@ -448,11 +448,11 @@ def test_demo_db_takes_only_a_server_url(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 REFUSED = [
-    (["stamp", "head"], "stamp works on SQLite stores only"),
-    (["optimize-storage"], "optimize-storage works on SQLite stores only"),
-    (["upgrade", "--backup", "{tmp}/b.db"], "--backup works on SQLite stores only"),
-    (["upgrade", "--rebuild-fts"], "--rebuild-fts / --deferred-fts works on SQLite"),
-    (["upgrade", "--deferred-fts"], "--rebuild-fts / --deferred-fts works on SQLite"),
+    (["stamp", "head"], "stamp is not available on PostgreSQL stores"),
+    (["optimize-storage"], "optimize-storage is not available on PostgreSQL stores"),
+    (["upgrade", "--backup", "{tmp}/b.db"], "--backup is not available on PostgreSQL stores"),
+    (["upgrade", "--rebuild-fts"], "--rebuild-fts / --deferred-fts is not available on"),
+    (["upgrade", "--deferred-fts"], "--rebuild-fts / --deferred-fts is not available on"),
     (["downgrade", "30", "--yes", "--backup", "{tmp}/b.db"], "pg_dump"),
     (["optimize", "--vacuum"], "VACUUM (ANALYZE)"),
     (["optimize", "--no-vacuum"], "VACUUM (ANALYZE)"),

@@ -34,11 +34,12 @@ from migration_support import clone
 from sqlalchemy import Connection, select, text
 from sqlalchemy.dialects.postgresql import insert as insert_pg
 
-from hermes_store import fts, migrate
+from hermes_store import migrate
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.models import Message
 from hermes_store.search import search_messages
+from hermes_store.sqlite import fts
 from hermes_store.store import NewMessage, Store, encode_content
 
 WORD, TRIGRAM = "messages_fts", "messages_fts_trigram"

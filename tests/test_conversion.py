@@ -29,11 +29,13 @@ from parity_queries import PARITY_QUERIES
 from sqlalchemy import Engine, event
 from sqlalchemy import exc as sa_exc
 
-from hermes_store import fts, migrate
+from hermes_store import migrate
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.search import search_messages
-from hermes_store.storage import FTS_COPIES, storage_report
+from hermes_store.sqlite import fts
+from hermes_store.sqlite import migration as sqlite_migration
+from hermes_store.sqlite.storage import FTS_COPIES, storage_report
 from hermes_store.store import NewMessage, Store
 
 CORPUS_MESSAGES = 1200
@@ -137,7 +139,7 @@ def without_in_this_sqlite(monkeypatch: pytest.MonkeyPatch, feature: str) -> Non
     `USING fts5` names an unknown module. SQLite then refuses those statements with the
     errors such a build gives, probes included.
     """
-    original = migrate.create_store_engine
+    original = sqlite_migration.create_store_engine
     if feature == "trigram":
         pattern, replacement = re.compile(r"tokenize\s*=\s*'trigram'"), "tokenize='no_trigram'"
     else:
@@ -154,7 +156,7 @@ def without_in_this_sqlite(monkeypatch: pytest.MonkeyPatch, feature: str) -> Non
 
         return engine
 
-    monkeypatch.setattr(migrate, "create_store_engine", patched)
+    monkeypatch.setattr(sqlite_migration, "create_store_engine", patched)
 
 
 # --------------------------------------------------------------------------------------------

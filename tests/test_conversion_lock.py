@@ -27,16 +27,19 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from legacy.build import build_legacy_store
-from migration_support import clone, migration_log
+from migration_support import clone, conversion_revision, migration_log
 from sqlalchemy import Connection, text
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
-from hermes_store import backfill, fts, migrate
+from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.demo import corpus
-from hermes_store.engine import create_store_engine, flush_to_disk, joined_transaction
-from hermes_store.revisions import fts_conversion
+from hermes_store.engine import create_store_engine, joined_transaction
+from hermes_store.migrate import adoption
 from hermes_store.search import search_messages
+from hermes_store.sqlite import backfill, fts
+from hermes_store.sqlite import migration as sqlite_migration
+from hermes_store.sqlite.engine import flush_to_disk
 
 WORD, TRIGRAM = fts.INDEXES
 CHANGE_LOG = "hermes_store_conversion_changes"
@@ -88,7 +91,7 @@ def upgrade_with_writes_between(
         meanwhile()
         return verdicts
 
-    monkeypatch.setattr(migrate, "verify_ahead", verify_then_write)
+    monkeypatch.setattr(sqlite_migration, "verify_ahead", verify_then_write)
     with migration_log() as messages:
         migrate.upgrade(str(store))
     logged = {i: next(m for m in messages if m.startswith(f"{i}: ")) for i in fts.INDEXES}
@@ -154,7 +157,7 @@ def test_adoption_builds_the_reference_schema_before_the_write_lock(
             built_under_lock.append(_write_lock_held(store))
         return schema
 
-    monkeypatch.setattr(migrate, "reference_schema", watched)
+    monkeypatch.setattr(adoption, "reference_schema", watched)
     result = migrate.upgrade(str(store))
     assert result.adopted == "21"
     assert built_under_lock == [False]
@@ -175,16 +178,16 @@ def _clock_that_jumps(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     def leap() -> None:
         jump[0] += 60.0
 
-    monkeypatch.setattr(migrate, "time", Clock())
+    monkeypatch.setattr(sqlite_migration, "time", Clock())
     return leap
 
 
 @pytest.mark.parametrize(
     ("owner", "name"),
     [
-        (migrate, "_add_missing"),  # (connection, reference), inside the adoption
+        (adoption, "_add_missing"),  # (connection, reference), inside the adoption
         (SQLiteDialect_pysqlite, "do_commit"),  # (dialect, dbapi_connection)
-        (migrate, "_facts"),  # (connection), which begins its own transaction
+        (sqlite_migration, "facts"),  # (connection), which begins its own transaction
         (backfill, "pending"),  # (connection), inside the upgrade's last one
     ],
     ids=[
@@ -323,8 +326,8 @@ def test_a_verdict_without_its_change_log_is_not_trusted(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A verdict left behind without the log that makes it safe: full verification."""
-    module = fts_conversion()
-    monkeypatch.setattr(migrate, "verify_ahead", lambda _conn: {})
+    module = conversion_revision()
+    monkeypatch.setattr(sqlite_migration, "verify_ahead", lambda _conn: {})
     sql(
         store,
         "INSERT INTO state_meta (key, value) VALUES (?, 'exact')",
@@ -355,7 +358,8 @@ def test_a_failed_upgrade_leaves_no_change_log(
 KILLER = textwrap.dedent(
     """
     import os, signal, sys
-    from hermes_store import backfill, migrate
+    from hermes_store import migrate
+    from hermes_store.sqlite import backfill
 
     db, at = sys.argv[1], int(sys.argv[2])
     real = backfill.retire_step
@@ -419,7 +423,7 @@ def test_maintenance_removes_the_change_log_of_a_killed_upgrade(
     engine = create_store_engine(store, create=False)
     try:
         with engine.begin() as conn:
-            fts_conversion().start_change_log(conn)
+            conversion_revision().start_change_log(conn)
     finally:
         engine.dispose()
     sql(store, "UPDATE messages SET content = 'x' WHERE id = 1")  # logged
@@ -450,7 +454,7 @@ def test_a_verdict_of_another_log_is_not_trusted(
 ) -> None:
     """Another upgrade replaced the change log after this one's snapshot: the writes made
     in between were logged in the log it dropped, so the verdict is not used."""
-    module = fts_conversion()
+    module = conversion_revision()
 
     def drift_then_replace_the_log() -> None:
         sql(store, f"DELETE FROM {WORD} WHERE rowid = 9")  # logged in the first log ...

@@ -39,8 +39,8 @@ from hermes_store.copy import (
     open_source,
     verify_copy,
 )
-from hermes_store.copy_rows import is_own_key, read_snapshot
-from hermes_store.copy_verify import TableCheck, choose_searches
+from hermes_store.copy.rows import is_own_key, read_snapshot
+from hermes_store.copy.verify import TableCheck, choose_searches
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.errors import SchemaTooNew, StoreError
@@ -1156,7 +1156,7 @@ def test_a_search_that_fails_is_not_checked_and_not_a_pass(
 ) -> None:
     target = tmp_path / "target.db"
     copy_store(str(source), str(target))
-    from hermes_store import copy_verify
+    from hermes_store.copy import verify as copy_verify
 
     real = copy_verify._hits
 

@@ -37,11 +37,12 @@ from legacy import ddl
 from legacy.build import build_legacy_store
 from parity_queries import PARITY_QUERIES, UNENCODABLE_QUERIES
 
-from hermes_store import backfill, fts, migrate
+from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.search import sanitize_query, search_messages
+from hermes_store.sqlite import backfill, fts
 from hermes_store.store import NewMessage, Store
 
 N_MESSAGES = 20_000

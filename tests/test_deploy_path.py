@@ -15,9 +15,10 @@ import pytest
 from migration_support import clone, legacy_corpus_store
 
 from alembic import command
-from hermes_store import backfill, fts, migrate
+from hermes_store import migrate
 from hermes_store.engine import create_store_engine
-from hermes_store.storage import FTS_COPIES, storage_report
+from hermes_store.sqlite import backfill, fts
+from hermes_store.sqlite.storage import FTS_COPIES, storage_report
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,8 +3,8 @@ through `hermes-store downgrade` and the bare `alembic downgrade` alike; the con
 what will be undone; an unknown revision points to `hermes-store history`.
 
 One step is the newest revision that changes the store, in the order `hermes-store upgrade`
-applies them (the application's 17..30, then the search layout fts1); the merge that joins
-the two changes nothing and is undone together with the step below it.
+applies them (the application's 17 to its newest version, then the search layout fts1); the
+merges that join the two change nothing and are undone together with the step below them.
 """
 
 from __future__ import annotations
@@ -26,9 +26,19 @@ from migration_support import legacy_corpus_store
 from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.errors import StoreError, UnknownRevision
+from hermes_store.revisions import APP_VERSIONS, LAST_APP_VERSION
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HEAD = migrate.head_revision()
+#: The application's newest version and the two before it, as revision ids.
+NEWEST, PREVIOUS, BEFORE_PREVIOUS = (str(LAST_APP_VERSION - n) for n in range(3))
+#: What -1 from the head undoes: the merges (newest first, changing nothing) and fts1.
+LAYOUT_STEP = [
+    *(rev.revision for rev in migrate.script_directory().walk_revisions() if rev.is_merge_point),
+    "fts1",
+]
+#: The steps a store at head has: each application version, and the search layout.
+STEPS = len(APP_VERSIONS) + 1
 
 
 def query(path: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -95,25 +105,26 @@ def head_store(head_template: Path, tmp_path: Path) -> Path:
 def test_minus_one_from_the_merge_head_undoes_the_search_layout(head_store: Path) -> None:
     messages = query(head_store, "SELECT count(*) FROM messages")
     data = json.loads(invoke("downgrade", "-1", "--db", head_store, "--yes", "--json").stdout)
-    assert (data["from"], data["to"]) == (HEAD, "30")
-    assert [step["revision"] for step in data["undone"]] == [HEAD, "fts1"]
-    assert revisions(head_store) == ["30"]
-    assert query(head_store, "SELECT version FROM schema_version") == [(30,)]
+    assert (data["from"], data["to"]) == (HEAD, NEWEST)
+    assert [step["revision"] for step in data["undone"]] == LAYOUT_STEP
+    assert revisions(head_store) == [NEWEST]
+    assert query(head_store, "SELECT version FROM schema_version") == [(LAST_APP_VERSION,)]
     layout = json.loads(invoke("current", "--db", head_store, "--json").stdout)["fts_layout"]
     assert layout == "inline"
     assert query(head_store, "SELECT count(*) FROM messages") == messages
 
 
 def test_minus_n_walks_back_one_step_at_a_time(head_store: Path, tmp_path: Path) -> None:
-    """-3 from head is -1 three times: the search layout, then 30, then 29."""
+    """-3 from head is -1 three times: the search layout, then the newest version, then the
+    one before."""
     walked = Path(shutil.copy(head_store, tmp_path / "walked.db"))
     seen = []
     for _ in range(3):
         invoke("downgrade", "-1", "--db", walked, "--yes")
         seen.append(revisions(walked))
-    assert seen == [["30"], ["29"], ["28"]]
+    assert seen == [[NEWEST], [PREVIOUS], [BEFORE_PREVIOUS]]
     invoke("downgrade", "-3", "--db", head_store, "--yes")
-    assert revisions(head_store) == ["28"]
+    assert revisions(head_store) == [BEFORE_PREVIOUS]
     assert schema(head_store) == schema(walked)
 
 
@@ -130,9 +141,11 @@ def test_minus_one_at_the_agents_version_undoes_the_search_layout(head_store: Pa
 def test_branch_relative_and_absolute_targets(head_store: Path, tmp_path: Path) -> None:
     other = Path(shutil.copy(head_store, tmp_path / "other.db"))
     invoke("downgrade", "fts@-1", "--db", head_store, "--yes")
-    assert revisions(head_store) == ["30"]
-    invoke("downgrade", "30", "--db", other, "--yes")  # Alembic's meaning: the merge only
-    assert revisions(other) == ["30", "fts1"]
+    assert revisions(head_store) == [NEWEST]
+    invoke("downgrade", NEWEST, "--db", other, "--yes")  # Alembic's meaning: the merge only
+    head = migrate.script_directory().get_revision(HEAD)
+    assert head is not None
+    assert revisions(other) == sorted(head.down_revision)
     invoke("downgrade", "fts@-1", "--db", other, "--yes")
     assert schema(other) == schema(head_store)
 
@@ -143,20 +156,20 @@ def test_the_bare_alembic_command_takes_the_same_step(head_store: Path, tmp_path
     done = alembic("-x", f"db={head_store}", "downgrade", "-1")
     assert done.returncode == 0, done.stderr
     assert alembic_errors(done) == []
-    assert revisions(head_store) == revisions(through_cli) == ["30"]
+    assert revisions(head_store) == revisions(through_cli) == [NEWEST]
     assert schema(head_store) == schema(through_cli)
     done = alembic("-x", f"db={head_store}", "downgrade", "-2")
     assert done.returncode == 0, done.stderr
-    assert revisions(head_store) == ["28"]
+    assert revisions(head_store) == [BEFORE_PREVIOUS]
 
 
 def test_minus_one_needs_no_double_dash(head_store: Path) -> None:
     for args in (["downgrade", "-1", "--db", head_store], ["downgrade", "--db", head_store, "-1"]):
         invoke(*args, "--yes")
-    assert revisions(head_store) == ["29"]
+    assert revisions(head_store) == [PREVIOUS]
     result = invoke("downgrade", "--yess", "-1", "--db", head_store, expect=2)
     assert "No such option" in result.stderr
-    assert revisions(head_store) == ["29"]
+    assert revisions(head_store) == [PREVIOUS]
 
 
 def test_the_confirmation_says_what_each_step_gives_up(head_store: Path) -> None:
@@ -164,12 +177,12 @@ def test_the_confirmation_says_what_each_step_gives_up(head_store: Path) -> None
     result = invoke("downgrade", "-2", "--db", head_store, input="n\n", expect=1)
     prompt = result.output
     lines = [line.strip() for line in prompt.splitlines() if line.strip()]
-    assert any(f"from {HEAD} to 29" in line for line in lines), prompt
-    undone = [line for line in lines if line.split()[0] in (HEAD, "fts1", "30")]
-    assert [line.split()[0] for line in undone] == [HEAD, "fts1", "30"], prompt
+    assert any(f"from {HEAD} to {PREVIOUS}" in line for line in lines), prompt
+    undone = [line for line in lines if line.split()[0] in (*LAYOUT_STEP, NEWEST)]
+    assert [line.split()[0] for line in undone] == [*LAYOUT_STEP, NEWEST], prompt
     assert "nothing to undo" in undone[0].lower()
-    assert "inline" in undone[1]  # the search indexes go back to the legacy layout
-    assert "lost" in undone[2]  # 30's downgrade drops columns whose values are lost
+    assert "inline" in undone[-2]  # the search indexes go back to the legacy layout
+    assert "lost" in undone[-1]  # the newest version's downgrade drops columns and their values
     assert schema(head_store) == before
 
 
@@ -177,13 +190,15 @@ def test_walking_past_base_is_one_line(head_store: Path) -> None:
     before = schema(head_store)
     line = one_line_error(invoke("downgrade", "-40", "--db", head_store, "--yes", expect=None))
     assert "-40" in line
-    assert "15" in line
+    assert str(STEPS) in line
     assert schema(head_store) == before
     # All the steps is base, which deletes the conversations: both flags are needed.
-    line = one_line_error(invoke("downgrade", "-15", "--db", head_store, "--yes", expect=None))
+    line = one_line_error(
+        invoke("downgrade", f"-{STEPS}", "--db", head_store, "--yes", expect=None)
+    )
     assert "--i-know-this-deletes-data" in line
     assert schema(head_store) == before
-    done = alembic("-x", f"db={head_store}", "downgrade", "-15")
+    done = alembic("-x", f"db={head_store}", "downgrade", f"-{STEPS}")
     assert done.returncode != 0
     assert "i_know_this_deletes_data" in alembic_errors(done)[0]
     assert schema(head_store) == before
@@ -193,7 +208,15 @@ def test_plan_from_every_revision_is_one_step(head_store: Path) -> None:
     """From each state the chain can be in, -1 undoes exactly one revision that changes the
     store (plus the merge above it) and never more."""
     script = migrate.script_directory()
-    states = [("17",), ("21",), ("30",), ("17", "fts1"), ("21", "fts1"), ("30", "fts1"), (HEAD,)]
+    states = [
+        ("17",),
+        ("21",),
+        (NEWEST,),
+        ("17", "fts1"),
+        ("21", "fts1"),
+        (NEWEST, "fts1"),
+        (HEAD,),
+    ]
     seen = []
     for heads in states:
         plan = migrate.plan_downgrade(heads, "-1")
@@ -203,11 +226,11 @@ def test_plan_from_every_revision_is_one_step(head_store: Path) -> None:
     assert seen == [
         (("17",), ()),
         (("21",), ("20",)),
-        (("30",), ("29",)),
+        ((NEWEST,), (PREVIOUS,)),
         (("17", "fts1"), ("17",)),
         (("21", "fts1"), ("21",)),
-        (("30", "fts1"), ("30",)),
-        ((HEAD,), ("30",)),
+        ((NEWEST, "fts1"), (NEWEST,)),
+        ((HEAD,), (NEWEST,)),
     ]
 
 
@@ -258,12 +281,12 @@ def test_history_marks_the_revision_an_unversioned_store_corresponds_to(tmp_path
 def test_on_postgresql_minus_one_is_the_same_step(pg_url: str) -> None:
     invoke("upgrade", "--db", pg_url)
     data = json.loads(invoke("downgrade", "-1", "--db", pg_url, "--yes", "--json").stdout)
-    assert (data["from"], data["to"]) == (HEAD, "30")
-    assert [step["revision"] for step in data["undone"]] == [HEAD, "fts1"]
+    assert (data["from"], data["to"]) == (HEAD, NEWEST)
+    assert [step["revision"] for step in data["undone"]] == LAYOUT_STEP
     done = alembic("-x", f"db={pg_url}", "downgrade", "-1")
     assert done.returncode == 0, done.stderr
-    assert json.loads(invoke("current", "--db", pg_url, "--json").stdout)["revision"] == "29"
-    line = one_line_error(invoke("downgrade", "-29", "--db", pg_url, "--yes", expect=None))
-    assert "has 13 step(s) to undo" in line  # 17..29
+    assert json.loads(invoke("current", "--db", pg_url, "--json").stdout)["revision"] == PREVIOUS
+    line = one_line_error(invoke("downgrade", f"-{PREVIOUS}", "--db", pg_url, "--yes", expect=None))
+    assert f"has {STEPS - 2} step(s) to undo" in line  # 17 to the one before the newest
     invoke("upgrade", "--db", pg_url)
     assert json.loads(invoke("current", "--db", pg_url, "--json").stdout)["revision"] == HEAD

@@ -16,7 +16,6 @@ from hermes_store import migrate
 from hermes_store.engine import (
     BEGIN_OPTION,
     BUSY_TIMEOUT_MS,
-    WalUnavailableWarning,
     create_store_engine,
     db_path,
     hermes_home,
@@ -25,6 +24,7 @@ from hermes_store.engine import (
     translate_error,
 )
 from hermes_store.errors import DiskFull, ServerUnavailable, StoreError, StoreNotFound
+from hermes_store.sqlite.engine import WalUnavailableWarning
 from hermes_store.store import NewMessage, Store
 
 

@@ -49,11 +49,9 @@ from reliability_support import (
 from sqlalchemy import Engine, event
 
 from alembic import command as alembic_command
-from hermes_store import backfill, maintenance, migrate
-from hermes_store.backup import backup
+from hermes_store import migrate
 from hermes_store.engine import (
     ENV_BUSY_TIMEOUT,
-    WalUnavailableWarning,
     create_store_engine,
     db_path,
     to_url,
@@ -65,8 +63,12 @@ from hermes_store.errors import (
     StoreReadOnly,
     UnsafePath,
 )
-from hermes_store.fts import LAYOUT_MARKER
 from hermes_store.search import search_messages
+from hermes_store.sqlite import backfill, maintenance
+from hermes_store.sqlite import migration as sqlite_migration
+from hermes_store.sqlite.backup import backup
+from hermes_store.sqlite.engine import WalUnavailableWarning
+from hermes_store.sqlite.fts import LAYOUT_MARKER
 from hermes_store.store import NewMessage, Store
 
 # ======================================================================================
@@ -508,7 +510,7 @@ def test_a_full_disk_at_every_free_space_level_is_named_and_changes_nothing(
         # freed afterwards step by step, which gives way to a full disk.
         assert need < size // 3
         if not up_front:
-            monkeypatch.setattr(migrate, "check_upgrade_space", lambda *_a, **_k: None)
+            monkeypatch.setattr(sqlite_migration, "check_upgrade_space", lambda *_a, **_k: None)
         outcomes: list[tuple[int, str]] = []
         # From almost nothing to a third more than the upgrade says it needs.
         for level in range(SCAN_LEVELS):

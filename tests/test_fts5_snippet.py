@@ -1,4 +1,4 @@
-"""hermes_store.fts5_snippet against the real thing: SQLite's FTS5 snippet(), byte for byte.
+"""hermes_store.search.snippet against the real thing: SQLite's FTS5 snippet(), byte for byte.
 
 Every property builds an in-memory FTS5 table (unicode61 or trigram), inserts a few random
 documents, runs a random MATCH, and for every row FTS5 returns compares its snippet() with
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hermes_store.fts5_snippet import (
+from hermes_store.search.snippet import (
     Group,
     Near,
     Phrase,

@@ -3,7 +3,7 @@
 The fuzz drives `search_messages` with arbitrary Unicode (NUL, lone surrogates, control
 characters, very long strings, FTS5 operators, quotes, `*`, `NEAR(`, column filters) and
 hostile filters, and judges each hit with an oracle written from the search contract
-(shared/spec/search.md), not from the implementation: a hit must satisfy the caller's
+(docs/search.md), not from the implementation: a hit must satisfy the caller's
 filters, and its message's *current* text, indexed alone in a fresh FTS5 table with the
 same tokenizer, must match the query's expression (or, on the LIKE path, contain a token).
 """
@@ -292,8 +292,8 @@ any_text = st.text(
 )
 pieces = st.lists(st.one_of(st.sampled_from(PIECES), any_text), max_size=12).map("".join)
 #: Long inputs up to and past the 2048-character cap. Not long runs of one frequent
-#: prefix term such as "a*a*a*...": FTS5 takes minutes on those (a known limit, in the
-#: README's reliability section).
+#: prefix term such as "a*a*a*...": FTS5 takes minutes on those (a known limit, in
+#: docs/search.md, "Known limits").
 long_strings = st.builds(
     lambda piece, times: piece * times,
     st.sampled_from(["error ", "数据库", "\x00", "x", "'\"", "\ud800"]),

@@ -26,10 +26,13 @@ import pytest
 from click.testing import CliRunner, Result
 from migration_support import legacy_corpus_store
 
-from hermes_store import backfill, fts, migrate
+from hermes_store import migrate
 from hermes_store.cli import main
+from hermes_store.declarations import SQLITE
 from hermes_store.errors import Interrupted
-from hermes_store.revisions import fts_conversion
+from hermes_store.migrate import adoption
+from hermes_store.sqlite import backfill, changelog, fts
+from hermes_store.sqlite import migration as sqlite_migration
 
 HEAD = migrate.head_revision()
 SET_ASIDE = [fts.retired_copy_name(index) for index in fts.INDEXES]
@@ -133,7 +136,7 @@ def set_aside_store(legacy_store: Path, monkeypatch: pytest.MonkeyPatch) -> Path
     """Upgraded to head with the two text copies still set aside (as an earlier
     `alembic upgrade head`, or an upgrade killed while freeing them, left them)."""
     with monkeypatch.context() as patch:
-        patch.setattr(migrate, "_free_set_aside", lambda *_args, **_kw: None)
+        patch.setattr(sqlite_migration, "free_set_aside", lambda *_args, **_kw: None)
         migrate.upgrade(str(legacy_store))
     assert set(set_aside_rows(legacy_store)) == set(SET_ASIDE)
     return legacy_store
@@ -148,7 +151,7 @@ def test_while_classifying_nothing_is_written(
     legacy_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = legacy_store.read_bytes()
-    interrupt_at(monkeypatch, migrate, "check_upgrade_space")
+    interrupt_at(monkeypatch, sqlite_migration, "check_upgrade_space")
     line = interrupted(invoke("upgrade", "--db", legacy_store))
     assert "before anything was written" in line
     assert "legacy schema 21 (unversioned)" in line
@@ -162,7 +165,7 @@ def test_while_backing_up_the_store_is_untouched_and_no_copy_is_left(
 ) -> None:
     target = tmp_path / "backups" / "before.db"
     target.parent.mkdir()
-    interrupt_at(monkeypatch, migrate, "backup_from")
+    interrupt_at(monkeypatch, sqlite_migration, "backup_from")
     line = interrupted(invoke("upgrade", "--db", legacy_store, "--backup", target))
     assert "while taking the backup" in line
     assert "legacy schema 21 (unversioned)" in line
@@ -175,7 +178,7 @@ def test_while_adopting_the_adoption_is_rolled_back(
     legacy_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     schema = query(legacy_store, "SELECT name, sql FROM sqlite_master ORDER BY name")
-    interrupt_at(monkeypatch, migrate, "_add_missing", run_first=True)
+    interrupt_at(monkeypatch, adoption, "_add_missing", run_first=True)
     line = interrupted(invoke("upgrade", "--db", legacy_store))
     assert "while adopting the legacy store: that transaction was rolled back" in line
     assert "the store is at legacy schema 21 (unversioned)" in line
@@ -187,12 +190,12 @@ def test_while_adopting_the_adoption_is_rolled_back(
 def test_while_verifying_the_store_is_adopted_and_nothing_converted(
     legacy_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    interrupt_at(monkeypatch, fts_conversion(), "verify_inline")
+    interrupt_at(monkeypatch, changelog, "verify_inline")
     line = interrupted(invoke("upgrade", "--db", legacy_store))
     assert "while verifying the search indexes (a read): nothing was converted" in line
     assert "the store is at revision 21 (it was at legacy schema 21 (unversioned))" in line
     assert "run `hermes-store upgrade" in line
-    assert fts_conversion().CHANGE_LOG not in tables(legacy_store)  # no trigger left logging
+    assert SQLITE.change_log.table not in tables(legacy_store)  # no trigger left logging
     assert assert_current_agrees(legacy_store)["fts_layout"] == "inline"
 
 
@@ -220,7 +223,7 @@ def test_during_a_revision_it_is_rolled_back_and_the_earlier_ones_kept(
 def test_while_checking_the_search_mechanism_the_revisions_are_done(
     legacy_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    interrupt_at(monkeypatch, migrate, "_heal_search")
+    interrupt_at(monkeypatch, sqlite_migration, "heal_search")
     line = interrupted(invoke("upgrade", "--db", legacy_store))
     assert "while checking the search mechanism" in line
     assert f"the store is at revision {HEAD}" in line

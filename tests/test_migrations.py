@@ -23,6 +23,7 @@ from sqlalchemy.schema import CreateIndex
 
 from hermes_store import migrate
 from hermes_store.models import expression_indexes
+from hermes_store.revisions import APP_VERSIONS, LAST_APP_VERSION
 
 SCRIPT = migrate.script_directory()
 #: Every revision, oldest first.
@@ -31,12 +32,18 @@ REVISIONS = [script.revision for script in reversed(list(SCRIPT.walk_revisions()
 
 def test_revisions_are_the_application_versions_with_the_search_branch_and_one_head() -> None:
     numbered = [revision for revision in REVISIONS if revision.isdigit()]
-    assert numbered == [str(version) for version in range(17, 31)]
-    assert sorted(set(REVISIONS) - set(numbered)) == ["fts1", "merge_30_fts1"]
+    assert numbered == [str(version) for version in APP_VERSIONS]
+    merges = [revision for revision in REVISIONS if SCRIPT.get_revision(revision).is_merge_point]
+    assert merges[0] == "merge_30_fts1"
+    assert sorted(set(REVISIONS) - set(numbered) - set(merges)) == ["fts1"]
     # The search layout branches off the first revision that has the FTS5 indexes, and the
-    # one head joins it to the application's newest schema.
+    # one head joins it to the application's newest schema (merge_30_fts1 joined 30 and
+    # fts1; each later version's merge joins the previous head and that version).
     assert SCRIPT.get_revision("fts1").down_revision == "17"
-    assert SCRIPT.get_revision(migrate.head_revision()).down_revision == ("30", "fts1")
+    assert SCRIPT.get_revision("merge_30_fts1").down_revision == ("30", "fts1")
+    head = SCRIPT.get_revision(migrate.head_revision())
+    assert head.revision == merges[-1]
+    assert str(LAST_APP_VERSION) in head.down_revision
 
 
 def _normalised_ddl(sql: str) -> str:
@@ -236,6 +243,26 @@ def _restricted(rows: list[dict[str, Any]], columns: set[str]) -> list[dict[str,
     return [{k: v for k, v in row.items() if k in columns} for row in rows]
 
 
+def _added_by_default(path: Path, table: str, before: list[dict[str, Any]]) -> dict[str, Any]:
+    """The columns a revision added to ``table``, each with its declared default: the value
+    existing rows get from a revision not described in ADDED_COLUMNS."""
+    with sqlite3.connect(path) as conn:
+        info = conn.execute(f"PRAGMA table_info({table})").fetchall()
+    known = set(before[0]) if before else set()
+    return {
+        name: _literal(default) for _cid, name, _t, _nn, default, _pk in info if name not in known
+    }
+
+
+def _literal(default: str | None) -> Any:
+    """The value of a column's DEFAULT as PRAGMA table_info spells it (NULL, 0, 'text')."""
+    if default is None or default.upper() == "NULL":
+        return None
+    if default.startswith("'"):
+        return default[1:-1].replace("''", "'")
+    return float(default) if "." in default else int(default)
+
+
 #: Columns a revision adds to sessions / messages, with the value existing rows get.
 ADDED_COLUMNS: dict[str, dict[str, dict[str, Any]]] = {
     "18": {"sessions": {"display_name": None, "origin_json": None, "expiry_finalized": 0}},
@@ -284,7 +311,10 @@ def test_rows_survive_the_revision_and_its_downgrade(tmp_path: Path, revision: s
     migrate.upgrade(str(path), revision)
     for table, rows in before.items():
         after = table_data(path, table)
-        added = ADDED_COLUMNS.get(revision, {}).get(table, {})
+        added = ADDED_COLUMNS.get(revision, {}).get(table)
+        if added is None and revision.isdigit() and int(revision) > max(map(int, ADDED_COLUMNS)):
+            added = _added_by_default(path, table, rows)
+        added = added or {}
         assert after == [{**row, **added} for row in rows], f"{table} rows changed by {revision}"
     # Every message is still found by both indexes, whichever layout they are in.
     assert _file_fts_ids(path, "messages_fts", "paris") == [1]

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.demo import corpus
-from hermes_store.engine import connect_read_only
+from hermes_store.sqlite.readonly import connect_read_only
 
 #: Every command that opens a store, as run on the broken one (`{store}`, `{dir}`).
 COMMANDS = (

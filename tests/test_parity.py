@@ -23,10 +23,11 @@ from legacy.build import build_legacy_store
 from migration_support import back_to_inline_21, clone, migration_log
 from parity_queries import PARITY_QUERIES, UNENCODABLE_QUERIES
 
-from hermes_store import fts, migrate
+from hermes_store import migrate
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.search import search_messages
+from hermes_store.sqlite import fts
 from hermes_store.store import Store
 
 CORPUS_MESSAGES = 2000

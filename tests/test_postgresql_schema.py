@@ -15,7 +15,7 @@ from alembic import command
 from hermes_store import migrate
 from hermes_store.engine import create_store_engine
 from hermes_store.errors import StoreError
-from hermes_store.revisions import head_revision
+from hermes_store.revisions import LAST_APP_VERSION, head_revision
 
 pytestmark = pytest.mark.postgresql
 
@@ -137,7 +137,7 @@ def test_upgrade_and_downgrade_through_the_library(pg_url: str) -> None:
     result = migrate.upgrade(pg_url)
     assert result.before == ()
     assert result.after == (head_revision(),)
-    assert (result.schema_after, result.layout_after) == (30, "expression")
+    assert (result.schema_after, result.layout_after) == (LAST_APP_VERSION, "expression")
     engine = create_store_engine(pg_url)
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO sessions (id, source, started_at) VALUES ('s', 'cli', 1)"))
@@ -163,7 +163,7 @@ def test_a_database_of_someone_else_is_refused_untouched(pg_url: str) -> None:
 def test_sqlite_only_options_are_refused_on_postgresql(pg_url: str, tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="pg_dump"):
         migrate.upgrade(pg_url, backup_to=tmp_path / "backup.db")
-    with pytest.raises(CommandError, match="SQLite stores"):
+    with pytest.raises(CommandError, match="not available on PostgreSQL stores"):
         command.upgrade(_alembic(pg_url, fts_backfill="deferred"), "head")
     assert _tables(pg_url) == set()
 

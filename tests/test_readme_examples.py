@@ -1,4 +1,4 @@
-"""The README's shell examples print what the README says they print.
+"""The README's shell examples print what the README says they print; so do those of docs/.
 
 Every fenced block of README.md that shows `$ hermes-store ...` with its output is run, in
 the README's order, in a directory holding the stores the examples name (`state.db`, a
@@ -7,6 +7,9 @@ prints is compared with the README's lines. Numbers, sizes and ids are data (`#`
 indented line (a snippet) is text of the corpus, and a `...` line in the README stands for
 any lines; everything else must be the same, line for line. A block that needs what a
 test cannot give (a small file system) is preceded by `<!-- illustrative: WHY -->`.
+
+The same holds for each page of docs/ (docs/operations.md shows the commands' output too):
+its examples run in its own order, in a directory of their own holding the same stores.
 
 The demo example runs with fewer messages than the README's (its numbers are data); the
 stores of the other examples hold the demo's own sessions, so their sessions per source
@@ -29,7 +32,10 @@ from legacy.build import build_legacy_store
 from hermes_store.cli import main
 from hermes_store.demo import corpus
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+#: The pages of docs/ whose examples are held to what they print, as the README's are.
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 PROMPT = "$ hermes-store "
 ILLUSTRATIVE = re.compile(r"<!-- illustrative: (.+?) -->")
 #: The demo in the README writes to /tmp/rd; here it writes inside the test's directory.
@@ -42,6 +48,7 @@ class Example:
     line: int  # of the README, for the failure message
     command: str
     output: list[str]
+    document: str = "README"
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,7 @@ def assert_prints(example: Example, printed: list[str]) -> None:
             segments[-1].append(normalised(line))
     anchored_start = bool(segments[0])
     anchored_end = bool(segments[-1])
-    context = f"README line {example.line}: `{example.command}`"
+    context = f"{example.document} line {example.line}: `{example.command}`"
     where = 0
     for number, segment in enumerate(segments):
         if not segment:
@@ -157,30 +164,56 @@ def run(command: str, directory: Path) -> list[str]:
     )
 
 
-def test_the_readme_shell_examples_print_what_the_readme_shows(example_directory: Path) -> None:
-    blocks = shell_blocks(README.read_text(encoding="utf-8"))
-    run_blocks = [block for block in blocks if block.illustrative is None]
-    assert len(run_blocks) >= 6, [block.line for block in blocks]
-    with chdir(example_directory):
-        for block in run_blocks:
+def runnable(document: Path) -> list[Block]:
+    """The blocks of ``document`` a test runs: every one not marked illustrative."""
+    blocks = shell_blocks(document.read_text(encoding="utf-8"))
+    return [block for block in blocks if block.illustrative is None]
+
+
+def run_document(document: Path, directory: Path) -> None:
+    """Run every runnable example of ``document``, in its order, in ``directory``, and
+    compare what each prints with what the document shows."""
+    name = document.relative_to(ROOT).as_posix()
+    with chdir(directory):
+        for block in runnable(document):
             for example in block.examples:
-                assert example.output, f"README line {example.line}: an example shows output"
-                printed = run(example.command, example_directory)
+                assert example.output, f"{name} line {example.line}: an example shows output"
+                printed = run(example.command, directory)
                 expected = Example(
                     example.line,
                     example.command,
                     [line.replace(DEMO_DIR, "<demo dir>") for line in example.output],
+                    name,
                 )
                 assert_prints(expected, printed)
+
+
+def test_the_readme_shell_examples_print_what_the_readme_shows(example_directory: Path) -> None:
+    blocks = shell_blocks(README.read_text(encoding="utf-8"))
+    run_blocks = [block for block in blocks if block.illustrative is None]
+    assert len(run_blocks) >= 6, [block.line for block in blocks]
+    run_document(README, example_directory)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [page for page in DOCS if runnable(page)],
+    ids=lambda page: page.name,
+)
+def test_the_docs_shell_examples_print_what_they_show(
+    document: Path, example_directory: Path
+) -> None:
+    run_document(document, example_directory)
 
 
 def test_every_example_is_run_or_says_why_not() -> None:
     blocks = shell_blocks(README.read_text(encoding="utf-8"))
     assert blocks
-    for block in blocks:
-        assert block.examples, block.line
-        if block.illustrative is not None:
-            assert len(block.illustrative) > 10, (block.line, "say why it is not run")
+    for page in (README, *DOCS):
+        for block in shell_blocks(page.read_text(encoding="utf-8")):
+            assert block.examples, (page.name, block.line)
+            if block.illustrative is not None:
+                assert len(block.illustrative) > 10, (page.name, block.line, "say why not run")
 
 
 def test_a_changed_line_is_caught() -> None:

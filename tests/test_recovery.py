@@ -37,12 +37,13 @@ from legacy.build import build_legacy_store
 from migration_support import clone
 from sqlalchemy import Connection, Engine, event
 
-from hermes_store import fts, maintenance, migrate
+from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.revisions import FTS_EXTERNAL_REVISION
 from hermes_store.search import SearchResults, search_messages
+from hermes_store.sqlite import fts, maintenance
 
 CORPUS_MESSAGES = 300
 CORPUS_SEED = 11

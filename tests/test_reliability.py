@@ -41,12 +41,13 @@ from reliability_support import (
     tmpfs,
 )
 
-from hermes_store import backfill, maintenance, migrate
-from hermes_store.backup import backup
+from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.engine import create_store_engine
 from hermes_store.errors import BackupExists, UnsafePath
 from hermes_store.search import search_messages
+from hermes_store.sqlite import backfill, maintenance
+from hermes_store.sqlite.backup import backup
 from hermes_store.store import NewMessage, Store
 
 PROJECT = Path(__file__).resolve().parent.parent

@@ -29,9 +29,10 @@ from migration_support import clone
 from reliability_support import Proc, build_corpus_store, cli
 from test_staged_rebuild import app_writes
 
-from hermes_store import fts, maintenance, migrate
+from hermes_store import migrate
 from hermes_store.engine import create_store_engine
 from hermes_store.search import search_messages
+from hermes_store.sqlite import fts, maintenance
 from hermes_store.store import NewMessage, Store
 
 WORD, TRIGRAM = fts.WORD_INDEX, fts.TRIGRAM_INDEX

@@ -52,7 +52,7 @@ def test_there_are_revisions_to_check() -> None:
     [
         ("import hermes_store", ["hermes_store"]),
         ("from hermes_store.models import Base", ["hermes_store.models"]),
-        ("import hermes_store.fts as fts", ["hermes_store.fts"]),
+        ("import hermes_store.sqlite.fts as fts", ["hermes_store.sqlite.fts"]),
         ("from . import helpers", ["."]),
         ("import requests, json", ["requests"]),
         (

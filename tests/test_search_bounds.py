@@ -1,8 +1,8 @@
 """Search is bounded: huge and dense messages get snippets of bounded cost, every other
-answer stays FTS5's own (README, "Search").
+answer stays FTS5's own (docs/search.md, "Bounds").
 
 The oracles are FTS5 itself: a raw ``snippet(...)`` over the store's index, or over an
-in-memory table holding the window the README defines. No test times anything (the
+in-memory table holding the window docs/search.md defines. No test times anything (the
 benchmark benchmarks/test_bench_search_bounds.py does): a search that stalled as it did
 (7.7 s for 1.4 MB, over 10 minutes for 10 MB) would still fail them by never ending.
 """
@@ -21,8 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
-from hermes_store import fts5_snippet, migrate
-from hermes_store.fts5_snippet import (
+from hermes_store import migrate
+from hermes_store.postgresql import search as postgresql
+from hermes_store.search import search_messages
+from hermes_store.search import snippet as fts5_snippet
+from hermes_store.search.snippet import (
     EXACT_INSTANCES,
     WINDOW_BEFORE,
     WINDOW_CHARS,
@@ -34,7 +37,7 @@ from hermes_store.fts5_snippet import (
     bounded_word_snippet,
     word_snippet,
 )
-from hermes_store.search import postgresql, search_messages, sqlite
+from hermes_store.sqlite import search as sqlite
 from hermes_store.store import NewMessage, Store
 
 KB = 1024
@@ -67,7 +70,7 @@ def fts5(text_: str, query: str, *, trigram: bool = False) -> str:
 
 
 def documented(text_: str, term: str, *others: str) -> str:
-    """The README's bounded snippet of an ASCII text for a query of words OR-ed, made by
+    """The documented bounded snippet of an ASCII text for a query of words OR-ed, made by
     FTS5: the window of WINDOW_CHARS characters from WINDOW_BEFORE before the first
     occurrence of a word of the query, less a word an edge cuts, snippeted alone, with
     "..." where it cuts the text."""
@@ -359,8 +362,8 @@ def test_a_bounded_snippet_of_a_text_its_window_holds_is_fts5s(
 
 
 def test_the_limits_are_documented() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("\n## Search\n", 1)[1].split("\n## ", 1)[0]
+    contract = (Path(__file__).resolve().parent.parent / "docs" / "search.md").read_text()
+    section = contract.split("\n## Bounds\n", 1)[1].split("\n## ", 1)[0]
     for figure in (
         f"{sqlite.SNIPPET_EXACT_BYTES // KB} KiB",
         f"{postgresql.SNIPPET_EXACT_BYTES // KB} KiB",

@@ -41,24 +41,24 @@ from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.errors import QueryTooComplex
 from hermes_store.models import Base
+from hermes_store.postgresql import search as postgresql
+from hermes_store.postgresql.search import Binds, ascii_caseless, tsquery_of
 from hermes_store.search import (
     TRIGRAM_INDEX,
     WORD_INDEX,
-    postgresql,
     sanitize_query,
     search_messages,
     search_store,
 )
-from hermes_store.search.postgresql import _ascii_caseless, _Binds, tsquery_of
 from hermes_store.search.query import (
-    _escape_like,
-    _Route,
+    Route,
+    escape_like,
     matches,
     parse_query,
     simplify,
     word_tokens,
 )
-from hermes_store.search.schema import _Filters
+from hermes_store.search.schema import SearchOptions
 
 pytestmark = pytest.mark.postgresql
 
@@ -246,18 +246,14 @@ def test_the_statements_can_use_the_expression_indexes(stores: tuple[Engine, Eng
     """The planner matches the statements' expressions to the two indexes (forced here: at
     2,000 messages a scan is cheaper, so it would not pick them by itself)."""
     _, server = stores
-    filters = _Filters(include_inactive=True)
-    word_route = _Route(WORD_INDEX, sanitize_query('"import os"* OR def'), ())
-    word = postgresql.word_statement(
-        simplify(parse_query(word_route.match)), filters, None, (20, 0)
-    )
-    trigram_route = _Route(TRIGRAM_INDEX, '"数据库" OR "服务器"', ("数据库", "服务器"))
+    options = SearchOptions("", include_inactive=True)
+    word_route = Route(WORD_INDEX, sanitize_query('"import os"* OR def'), ())
+    word = postgresql.word_statement(simplify(parse_query(word_route.match)), options)
+    trigram_route = Route(TRIGRAM_INDEX, '"数据库" OR "服务器"', ("数据库", "服务器"))
     trigram = postgresql.trigram_statement(
         simplify(parse_query(trigram_route.match, trigram=True)),
         trigram_route,
-        filters,
-        None,
-        (20, 0),
+        options,
     )
     with server.connect() as conn:
         for setting in ("enable_seqscan", "enable_indexscan"):
@@ -422,12 +418,12 @@ def test_the_like_scan_folds_case_as_sqlite_like_does(
     lite, server = stores
     with lite.connect() as conn:
         expected = conn.exec_driver_sql(
-            "SELECT ? LIKE ? ESCAPE '\\'", (text_, f"%{_escape_like(token)}%")
+            "SELECT ? LIKE ? ESCAPE '\\'", (text_, f"%{escape_like(token)}%")
         ).scalar_one()
     with server.connect() as conn:
-        regex = conn.execute(text("SELECT :t ~ :r"), {"t": text_, "r": _ascii_caseless(token)})
+        regex = conn.execute(text("SELECT :t ~ :r"), {"t": text_, "r": ascii_caseless(token)})
         plain = conn.execute(
-            text("SELECT :t LIKE :p"), {"t": text_, "p": f"%{_escape_like(token)}%"}
+            text("SELECT :t LIKE :p"), {"t": text_, "p": f"%{escape_like(token)}%"}
         )
         found = regex.scalar_one() if any(c.isascii() and c.isalpha() for c in token) else None
         if found is None:
@@ -465,7 +461,7 @@ def test_near_groups_as_tsquery(stores: tuple[Engine, Engine], query: str, exact
     tree = parse_query(query)
     with server.connect() as conn:
         for document in NEAR_DOCUMENTS:
-            binds = _Binds()
+            binds = Binds()
             match = func.hermes_search_words(literal(document, String), type_=TSVECTOR).op(
                 "@@", return_type=Boolean
             )(tsquery_of(tree, binds))

@@ -1,4 +1,4 @@
-"""Sanitising and CJK detection of the search contract (shared/spec/search.md)."""
+"""Sanitising and CJK detection of the search contract (docs/search.md)."""
 
 from __future__ import annotations
 

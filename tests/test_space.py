@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from reliability_support import sqlite_temp_directory
 
-from hermes_store import maintenance, space
 from hermes_store.errors import DiskFull, NotEnoughFreeSpace
+from hermes_store.sqlite import maintenance, space
 
 #: In a process of its own: where `space.sqlite_temp_dir` says SQLite writes, and where
 #: SQLite really opened its temporary file (a temporary table larger than the page cache).
 WHERE_SQLITE_WRITES = r"""
 import json, os, sqlite3
-from hermes_store import space
+from hermes_store.sqlite import space
 conn = sqlite3.connect(":memory:")
 conn.execute("CREATE TEMP TABLE big AS SELECT zeroblob(8192) AS b FROM "
              "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000) "

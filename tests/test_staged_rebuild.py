@@ -29,11 +29,12 @@ import pytest
 from click.testing import CliRunner
 from legacy.build import build_legacy_store
 
-from hermes_store import backfill, fts, migrate
+from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.demo import corpus
 from hermes_store.engine import create_store_engine
 from hermes_store.search import search_messages
+from hermes_store.sqlite import backfill, fts
 
 MESSAGES = 3000
 WORD, TRIGRAM = fts.INDEXES
@@ -67,7 +68,7 @@ KILLER = textwrap.dedent(
     """
     import os, signal, sqlite3, sys
     from sqlalchemy import event
-    from hermes_store import backfill
+    from hermes_store.sqlite import backfill
     from hermes_store.engine import create_store_engine
 
     db, phase = sys.argv[1], sys.argv[2]

@@ -24,12 +24,12 @@ from hermes_store import migrate
 from hermes_store.engine import (
     BUSY_TIMEOUT_MS,
     ENV_BUSY_TIMEOUT,
-    WalUnavailableWarning,
     create_store_engine,
 )
 from hermes_store.errors import NotADatabase, StoreNotFound, UnsafePath
 from hermes_store.models import Message
 from hermes_store.prepared import StoreConnections, driver
+from hermes_store.sqlite.engine import WalUnavailableWarning
 from hermes_store.store import NewMessage, Store
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy import BLOB, REAL, TEXT, Column, Integer, MetaData, Table
 
-from hermes_store.tablesum import TableChecksum, row_digest
+from hermes_store.copy.tablesum import TableChecksum, row_digest
 
 TABLE = Table(
     "t",

@@ -12,11 +12,22 @@ from __future__ import annotations
 import importlib
 import logging
 import warnings
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import click
 
 from hermes_store.errors import one_line
+from hermes_store.revisions import app_version_range
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def with_app_versions(function: _Function) -> _Function:
+    """Fill the application versions into a command's help where it says
+    ``{app_versions}``: revisions.LAST_APP_VERSION alone decides them."""
+    function.__doc__ = (function.__doc__ or "").replace("{app_versions}", app_version_range())
+    return function
 
 
 class Entry(NamedTuple):
@@ -43,7 +54,7 @@ COMMANDS: dict[str, Entry] = {
         "schema",
         "downgrade",
         "Take a store back: REVISION is -N (N steps), an id from `hermes-store history`, an "
-        "application version (17-30), fts@-1 (the search layout only) or base.",
+        f"application version ({app_version_range()}), fts@-1 (the search layout only) or base.",
     ),
     "stamp": Entry(
         "schema",

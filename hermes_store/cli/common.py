@@ -13,24 +13,9 @@ from alembic.util import CommandError
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store import migrate, server
-from hermes_store.engine import (
-    create_store_engine,
-    db_path,
-    display_url,
-    is_server,
-    read_only_opening,
-    require_writable,
-    resolve_url,
-    translate_error,
-    writable_problem,
-)
-from hermes_store.errors import (
-    NotOnThisDatabase,
-    StoreError,
-    StoreNotFound,
-    one_line,
-)
+from hermes_store.backend import backend_for
+from hermes_store.engine import db_path, resolve_url, translate_error
+from hermes_store.errors import StoreError, one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -107,14 +92,7 @@ def _from_server(exc: BaseException) -> bool:
 def server_url(db: str | None) -> str | None:
     """The resolved URL when --db (or $HERMES_STORE_URL) names a PostgreSQL store, else None."""
     url = resolve_url(db, create_home=False)
-    return url if is_server(url) else None
-
-
-def refuse_on_server(db: str | None, what: str, why: str) -> None:
-    """Refuse, in one line, a command or option that means something on SQLite only, saying
-    why and what to do on a server instead (engine.require_sqlite's words are generic)."""
-    if server_url(db) is not None:
-        raise NotOnThisDatabase(f"{what} works on SQLite stores only: {why}. Nothing was changed")
+    return None if backend_for(url).features.store_file else url
 
 
 def store_url(db: str | None, *, create_home: bool) -> tuple[str, Path | None]:
@@ -158,45 +136,10 @@ def open_existing(db: str | None, *, reading: bool = False) -> Engine:
 
 
 def _open_existing(db: str | None, *, reading: bool) -> Engine:
-    url, path = store_url(db, create_home=False)
-    if is_server(url):
-        return _open_server(url)
-    if path is not None and not path.exists():
-        raise StoreNotFound(
-            f"{path}: no such store; nothing was created. Check --db / HERMES_STORE_URL, or "
-            "start a new store with `hermes-store upgrade --create`"
-        )
-    state = migrate.inspect_file(path)
-    if state.kind == "new":
-        raise StoreNotFound(
-            f"{path or url}: the database is empty, not a Hermes store yet; make it one with "
-            "`hermes-store upgrade`"
-        )
-    problem = writable_problem(path) if path is not None else None
-    if problem is None or path is None:
-        return create_store_engine(url, create=False, wal=False)
-    if not reading:
-        require_writable(path)
-    opening = read_only_opening(path, problem)
-    click.echo(f"Warning: {opening.note}", err=True)
-    return create_store_engine(url, create=False, wal=False, read_only=opening)
-
-
-def _open_server(url: str) -> Engine:
-    """An engine on a PostgreSQL database that holds a store (never creates anything)."""
-    engine = create_store_engine(url, create=False)
-    try:
-        with engine.connect() as conn:
-            revisions, version, _layout = server.facts(conn)
-    except BaseException:
-        engine.dispose()
-        raise
-    if not revisions and version is None:
-        engine.dispose()
-        raise StoreNotFound(
-            f"{display_url(url)}: the database holds no Hermes store; make it one with "
-            "`hermes-store upgrade --db URL`"
-        )
+    url, _path = store_url(db, create_home=False)
+    engine, note = backend_for(url).open_existing(url, reading=reading)
+    if note is not None:
+        click.echo(f"Warning: {note}", err=True)
     return engine
 
 

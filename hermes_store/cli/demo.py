@@ -10,30 +10,33 @@ from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy import Connection, inspect
+from sqlalchemy import Connection, Engine, inspect
 
 from hermes_store import migrate
-from hermes_store.cli.common import operator_errors, server_url
-from hermes_store.cli.output import emit_records, say
+from hermes_store.backend import backend_for, backend_of
+from hermes_store.cli.common import operator_errors
+from hermes_store.cli.output import emit_records, emit_view, say
 from hermes_store.cli.progress import progress_lines
-from hermes_store.cli.reports import render_server_storage, render_storage
 from hermes_store.copy import copy_store
 from hermes_store.demo import corpus as corpus_mod
 from hermes_store.engine import (
     create_store_engine,
     display_url,
     make_private_dirs,
+    resolve_url,
     side_files,
 )
 from hermes_store.errors import (
     NotOnThisDatabase,
     StoreError,
 )
-from hermes_store.maintenance import optimize as optimize_store
+from hermes_store.maintenance import human_bytes
+from hermes_store.revisions import LAST_APP_VERSION
 from hermes_store.search import search_messages
-from hermes_store.server_maintenance import optimize_server
-from hermes_store.server_storage import server_storage_report
-from hermes_store.storage import human_bytes, storage_report
+from hermes_store.sqlite.storage import StorageReport, report_of
+
+#: The database the demo's own store is in (a file): --db names another one.
+DEMO_STORE_URL = "sqlite:///demo.db"
 
 DEMO_QUERIES = ("error", "import json", "TODO: fix", "def*", "terminal OR docker", "数据库")
 
@@ -70,7 +73,7 @@ DEMO_MAX_MESSAGES = 1_000_000
 def demo(n_messages: int, directory: Path | None, seed: int, db: str | None) -> None:
     """Build a realistic legacy store, upgrade it, optimize it and compare search results.
 
-    Generates a schema-30 store in the legacy inline layout (never under Alembic), runs
+    Generates a newest-schema store in the legacy inline layout (never under Alembic), runs
     the real upgrade (adoption, then in-place conversion), `optimize`, and prints the
     storage report before and after and a few searches, each compared hit for hit (every
     hit, snippets included) before and after. With --db URL (an empty PostgreSQL
@@ -147,8 +150,9 @@ def _demo_target(db: str | None) -> str | None:
     """The PostgreSQL database the demo copies into: given explicitly, and empty."""
     if db is None:
         return None
-    url = server_url(db)
-    if url is None:
+    url = resolve_url(db, create_home=False)
+    # The demo compares its SQLite store with another database: not with a second file.
+    if backend_for(url) is backend_for(DEMO_STORE_URL):
         raise NotOnThisDatabase(
             "demo --db takes a PostgreSQL URL (postgresql+psycopg://...); the SQLite demo "
             "store is written to --dir"
@@ -176,15 +180,15 @@ def run_demo_on_server(path: Path, url: str) -> None:
     copied = copy_store(str(path), url, verify=False).rows
     engine = create_store_engine(url, create=False)
     try:
-        optimize_server(engine)  # the planner's statistics, as an operator would
-        with engine.connect() as conn:
-            report = server_storage_report(conn)
+        backend = backend_of(engine)
+        backend.optimize(engine)  # the planner's statistics, as an operator would
+        report = backend.storage_report(engine)
         say(
             f"\n== copied into PostgreSQL ({display_url(url)}): {copied.get('sessions', 0)} "
             f"sessions, {copied.get('messages', 0)} messages",
             style="bold",
         )
-        render_server_storage(report, "text")
+        emit_view(report.view())
         with engine.connect() as conn:
             server_hits = {q: _demo_search(conn, q) for q in DEMO_QUERIES}
     finally:
@@ -229,36 +233,40 @@ def run_demo(n_messages: int, path: Path, seed: int) -> None:
     step = progress_lines()
     step(f"generating {n_messages} messages (seed {seed})")
     data = corpus_mod.generate(n_messages, seed)
-    step("writing a legacy schema-30 store (inline FTS5, as the Hermes agent leaves it)")
-    migrate.upgrade(str(path), "30")
+    step(
+        f"writing a legacy schema-{LAST_APP_VERSION} store (inline FTS5, as the Hermes agent "
+        "leaves it)"
+    )
+    migrate.upgrade(str(path), str(LAST_APP_VERSION))
     with contextlib.closing(sqlite3.connect(path)) as raw:
         corpus_mod.populate(raw, data)
         # A store the legacy application wrote was never under Alembic.
         raw.execute("DROP TABLE alembic_version")
         raw.commit()
     engine = create_store_engine(str(path))
+    backend = backend_of(engine)
+    before = _storage_of(engine)
     with engine.connect() as conn:
-        before = storage_report(conn)
         before_hits = {q: _every_hit(conn, q) for q in DEMO_QUERIES}
     say(f"\n== legacy store: {path}", style="bold")
-    render_storage(before)
+    emit_view(before.view())
     step("upgrading (adopt, then convert in place)")
     started = time.perf_counter()
     upgrade_result = migrate.upgrade(str(path))
     upgraded = time.perf_counter() - started
     step("optimizing (merge, checkpoint, VACUUM)")
-    result = optimize_store(engine, vacuum=True, progress=step)
+    result = backend.optimize(engine, vacuum=True, progress=step).as_dict()
+    after = _storage_of(engine)
     with engine.connect() as conn:
-        after = storage_report(conn)
         after_hits = {q: _every_hit(conn, q) for q in DEMO_QUERIES}
     engine.dispose()
     say(
         f"\n== upgraded {upgrade_result.from_revision or '(unversioned)'} -> "
         f"{upgrade_result.to_revision} in {upgraded:.2f} s; "
-        f"optimize: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}",
+        f"optimize: {human_bytes(result['bytes_before'])} -> {human_bytes(result['bytes_after'])}",
         style="bold",
     )
-    render_storage(after)
+    emit_view(after.view())
     ratio = after.file_bytes / before.file_bytes if before.file_bytes else 1.0
     say(
         f"\n== size: {human_bytes(before.file_bytes)} -> {human_bytes(after.file_bytes)} "
@@ -283,6 +291,12 @@ def run_demo(n_messages: int, path: Path, seed: int) -> None:
     for record in records:
         if record["result"] != "identical":
             raise click.ClickException(f"search results differ for {record['query']!r}")
+
+
+def _storage_of(engine: Engine) -> StorageReport:
+    """The storage report of the demo's own store, the SQLite file it wrote (its file size
+    is what the demo compares before and after)."""
+    return report_of(engine)
 
 
 def _every_hit(conn: Connection, query: str) -> list[Any]:

@@ -4,33 +4,29 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
-from hermes_store import backfill
-from hermes_store.cli.common import (
-    db_option,
-    json_option,
-    open_existing,
-    operator_errors,
-    refuse_on_server,
+from hermes_store.backend import Backend, backend_for, backend_of
+from hermes_store.cli.common import db_option, json_option, open_existing, operator_errors
+from hermes_store.cli.output import (
+    emit_json,
+    emit_records,
+    emit_result,
+    emit_view,
+    format_options,
+    shorten,
 )
-from hermes_store.cli.output import emit_json, emit_records, format_options, say, shorten
 from hermes_store.cli.progress import backfill_bar, interrupted, phases
-from hermes_store.cli.schema import backfill_status
-from hermes_store.engine import (
-    db_path,
-    is_server,
-    require_writable,
-    sqlite_errors,
-)
-from hermes_store.fts import CheckResult
-from hermes_store.maintenance import RepairResult, check_store, repair
-from hermes_store.maintenance import optimize as optimize_store
-from hermes_store.server_check import check_server, repair_server
-from hermes_store.server_maintenance import optimize_server
-from hermes_store.storage import human_bytes
+from hermes_store.engine import resolve_url
+from hermes_store.maintenance import RepairResult
+from hermes_store.sqlite import backfill
+
+
+def backend_of_db(db: str | None) -> Backend:
+    """The backend of --db (or its default) before the store is opened: an option the
+    database cannot honour is refused before anything is opened or written."""
+    return backend_for(resolve_url(db, create_home=False))
 
 
 @click.command()
@@ -63,63 +59,17 @@ def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None
     """
     if full and no_vacuum:
         raise click.UsageError("--vacuum and --no-vacuum contradict each other: pick one")
+    vacuum = True if full else False if no_vacuum else None
     with operator_errors():
-        if full or no_vacuum:
-            refuse_on_server(
-                db,
-                "--vacuum / --no-vacuum",
-                "on PostgreSQL optimize runs VACUUM (ANALYZE) and nothing else (VACUUM FULL, "
-                "which locks out the agent, is the server's own tool)",
-            )
+        if vacuum is not None:
+            backend_of_db(db).require("vacuum_modes", "--vacuum" if full else "--no-vacuum")
         engine = open_existing(db)
-        if is_server(str(engine.url)):
-            try:
-                on_server = optimize_server(engine)
-            finally:
-                engine.dispose()
-            _print_server_optimize(on_server.as_dict(), as_json)
-            return
         try:
-            with interrupted(), phases(not as_json) as show:
-                result = optimize_store(
-                    engine, vacuum=True if full else False if no_vacuum else None, report=show
-                )
+            with interrupted(), phases(not as_json) as report:
+                result = backend_of(engine).optimize(engine, vacuum=vacuum, report=report)
         finally:
             engine.dispose()  # its pooled connections keep the -wal open, deleted or not
-    if as_json:
-        emit_json(result.as_dict())
-    else:
-        say(
-            f"{human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
-            f"(reclaimed {human_bytes(result.reclaimed)}; merged {len(result.indexes)} "
-            f"index(es); longest write lock {result.longest_write_lock_s:.2f} s)"
-        )
-        for leftover in result.removed_partials:
-            say(f"removed {leftover}, left by an interrupted backup")
-        if result.vacuum_needed_bytes:
-            say(
-                f"{human_bytes(result.vacuum_needed_bytes)} of free pages can only be returned "
-                "by `hermes-store optimize --vacuum`, which holds the write lock for its whole "
-                "run (run it with the agent stopped); it also switches the store to "
-                "incremental auto-vacuum, after which this command returns them in steps"
-            )
-        if not result.wal_truncated:
-            say(
-                "the WAL was not truncated: a reader stayed open (the agent, a search, a "
-                "backup); its size is counted above and it shrinks at a later checkpoint"
-            )
-
-
-def _print_server_optimize(result: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        emit_json(result)
-        return
-    say(
-        f"VACUUM (ANALYZE) of {len(result['tables'])} tables: "
-        f"{human_bytes(result['bytes_before'])} -> {human_bytes(result['bytes_after'])} "
-        f"(reclaimed {human_bytes(result['reclaimed'])}); dead rows made reusable and the "
-        "planner's statistics refreshed"
-    )
+    emit_result(result, as_json)
 
 
 @click.command("optimize-storage")
@@ -160,52 +110,14 @@ def optimize_storage(
     Example:
       hermes-store optimize-storage --db state.db --max-lock-ms 50
     """
-    show = not as_json
     with operator_errors():
-        refuse_on_server(
-            db,
-            "optimize-storage",
-            "it finishes a deferred FTS5 index build; on PostgreSQL the upgrade builds the "
-            "search indexes itself",
-        )
+        backend_of_db(db).require("staged_backfill", "optimize-storage")
         engine = open_existing(db)
-        with engine.connect() as conn:
-            if not backfill_status(conn):
-                if as_json:
-                    emit_json(
-                        {
-                            "rows_done": 0,
-                            "chunks": 0,
-                            "status": "nothing to do",
-                            "longest_write_lock_s": 0.0,
-                        }
-                    )
-                else:
-                    click.echo("no deferred index build is pending: nothing to do")
-                return
-        path = db_path(str(engine.url))
-        require_writable(path)
-        with interrupted(), sqlite_errors(path), backfill_bar(show) as bar:
-            report = backfill.run(
+        with interrupted(), backfill_bar(not as_json) as bar:
+            result = backend_of(engine).finish_deferred(
                 engine, chunk_rows=chunk_rows, max_lock_ms=max_lock_ms, duty=duty, progress=bar
             )
-    result = {
-        "rows_done": report.rows_done,
-        "chunks": report.chunks,
-        "lock_seconds": round(report.lock_seconds, 3),
-        "longest_lock_ms": round(report.longest_lock * 1000, 1),
-        "longest_write_lock_s": round(report.longest_lock, 3),
-        "paused_seconds": round(report.paused_seconds, 3),
-        "checkpoint_seconds": round(report.checkpoint_seconds, 3),
-        "status": "done",
-    }
-    if as_json:
-        emit_json(result)
-    else:
-        say(
-            f"indexed {report.rows_done} rows in {report.chunks} transactions; longest lock "
-            f"{result['longest_lock_ms']} ms, {report.lock_seconds:.1f} s locked in all"
-        )
+    emit_result(result, as_json)
 
 
 @click.command()
@@ -275,78 +187,37 @@ def check(
     """
     if (backup_to is not None or deferred) and not repair_:
         raise click.UsageError("--backup and --deferred only go with --repair")
+    repaired: RepairResult | None = None
     with operator_errors():
-        if backup_to is not None or deferred:
-            refuse_on_server(
-                db,
-                "--backup / --deferred",
-                "on PostgreSQL back up with pg_dump, and a repair rebuilds indexes "
-                "CONCURRENTLY, without blocking writes",
-            )
+        if backup_to is not None:
+            backend_of_db(db).require("file_backup", "--backup")
+        if deferred:
+            backend_of_db(db).require("deferred_repair", "--deferred")
         engine = open_existing(db, reading=not repair_)
-        if is_server(str(engine.url)):
-            try:
-                if repair_:
-                    repaired = repair_server(engine, quick=quick)
-                    result = repaired.after
-                else:
-                    with engine.connect() as conn:
-                        result = check_server(conn, quick=quick)
-            finally:
-                engine.dispose()
-        elif repair_:
-            try:
-                with backfill_bar(fmt == "text") as bar:
-                    repaired = repair(
-                        engine,
-                        backup_to=backup_to.expanduser().absolute() if backup_to else None,
-                        deferred=deferred,
-                        quick=quick,
-                        progress=bar,
-                    )
-            except KeyboardInterrupt:
-                click.echo(
-                    "\ninterrupted: finished chunks are kept and search stays complete; "
-                    "finish with `hermes-store optimize-storage`"
-                    if deferred
-                    else "\ninterrupted: the rebuild in progress was rolled back; run again",
-                    err=True,
+        backend = backend_of(engine)
+        if repair_:
+            with interrupted(), backfill_bar(fmt == "text") as bar:
+                repaired = backend.repair(
+                    engine, quick=quick, backup_to=backup_to, deferred=deferred, progress=bar
                 )
-                sys.exit(130)
             result = repaired.after
         else:
-            with engine.connect() as conn:
-                result = check_store(conn, quick=quick)
+            result = backend.check(engine, quick=quick)
     if fmt == "json":
-        payload: dict[str, Any] = {
-            "ok": result.ok,
-            "checked": result.checked,
-            "problems": result.problems,
-            "skipped": result.skipped,
-            "fts_checked_on": result.fts_checked_on,
-            "longest_write_lock_s": round(
-                max(result.longest_write_lock_s, repaired.longest_write_lock_s)
-                if repair_
-                else result.longest_write_lock_s,
-                3,
-            ),
-        }
-        if repair_:
-            payload["repair"] = repaired.as_dict()
-        emit_json(payload)
+        emit_json(result.document(repaired))
     elif fmt in ("nl", "csv"):
-        emit_records(fmt, _check_records(result), ["item", "status", "detail"])
+        emit_records(fmt, result.records(), ["item", "status", "detail"])
     else:
-        if repair_:
-            _print_repair(repaired)
+        if repaired is not None:
+            emit_view(repaired.view())
         emit_records(
             "text",
-            _check_records(result),
+            result.records(),
             ["item", "status", "detail"],
             headers={"detail": ""},
             styles={"status": "bold"},
         )
-    if repair_ and repaired.refused:
+    if repaired is not None and repaired.refused:
         click.echo(f"not repaired: {repaired.refused}", err=True)
     if not result.ok:
         if fmt == "text":
@@ -359,44 +230,3 @@ def check(
             )
             click.echo(f"broken: {summary}", err=True)
         sys.exit(1)
-
-
-def _check_records(result: CheckResult) -> list[dict[str, str]]:
-    """One record per check: the PRAGMA, each index, and each wrong mechanism object."""
-    # The search mechanism's objects are listed only when wrong ("trigger messages_fts_delete").
-    mechanism = [item for item in result.problems if item != "database"]
-    mechanism = [item for item in mechanism if item not in result.checked]
-    records = []
-    for item in result.checked:
-        # The PRAGMA's problems are filed under "database".
-        problem = result.problems.get("database" if item.startswith("PRAGMA") else item)
-        records.append(
-            {"item": item, "status": "BROKEN" if problem else "ok", "detail": problem or ""}
-        )
-    for item in mechanism:
-        records.append({"item": item, "status": "BROKEN", "detail": result.problems[item]})
-    for item, reason in result.skipped.items():
-        records.append({"item": item, "status": "not checked", "detail": reason})
-    return records
-
-
-def _print_repair(repaired: RepairResult) -> None:
-    if not repaired.before.problems:
-        say("nothing to repair: every check passed")
-        return
-    if repaired.backup is not None:
-        say(f"backup of the store before the repair: {repaired.backup}")
-    records = [
-        {"item": item, "done": f"restored from this package's definition (it was: {was})"}
-        for item, was in repaired.restored.items()
-    ]
-    records += [
-        {"item": index, "done": f"repaired: {how}"} for index, how in repaired.repaired.items()
-    ]
-    records += [
-        {"item": item, "done": f"not repaired: {why}"}
-        for item, why in repaired.not_repaired.items()
-    ]
-    if records:
-        emit_records("text", records, ["item", "done"], headers={"done": ""})
-        say("checks after the repair:")

@@ -112,3 +112,30 @@ def say(message: str, *, err: bool = False, style: str | None = None) -> None:
 def shorten(text: str, width: int = 160) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def emit_view(view: Sequence[Any]) -> None:
+    """A report's view for a person (hermes_store.maintenance.View): its tables and its
+    lines, in order."""
+    from hermes_store.maintenance import Table
+
+    for part in view:
+        if isinstance(part, Table):
+            emit_records(
+                "text",
+                part.records,
+                part.columns,
+                title=part.title,
+                right=part.right,
+                headers=part.headers,
+            )
+        else:
+            say(str(part))
+
+
+def emit_result(result: Any, as_json: bool) -> None:
+    """A result (hermes_store.maintenance.Shown) as JSON, or its view for a person."""
+    if as_json:
+        emit_json(result.as_dict())
+    else:
+        emit_view(result.view())

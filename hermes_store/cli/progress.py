@@ -21,12 +21,12 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from hermes_store import backfill
 from hermes_store.cli.output import console, say, shorten
 from hermes_store.errors import (
     Interrupted,
 )
 from hermes_store.progress import Phase, Report
+from hermes_store.sqlite import backfill
 
 
 def interactive() -> bool:

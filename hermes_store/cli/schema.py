@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
 
-from hermes_store import backfill, fts, migrate, server
+from hermes_store import migrate
+from hermes_store.backend import backend_of
+from hermes_store.cli import with_app_versions
 from hermes_store.cli.common import (
     backup_options,
     db_option,
@@ -21,22 +23,17 @@ from hermes_store.cli.common import (
     names,
     open_existing,
     operator_errors,
-    refuse_on_server,
     store_url,
 )
 from hermes_store.cli.output import emit_json, emit_records, format_options, say
 from hermes_store.cli.progress import interrupted, phases
-from hermes_store.engine import (
-    create_store_engine,
-    db_path,
-    display_url,
-    is_server,
-)
-from hermes_store.errors import (
-    StoreError,
-)
+from hermes_store.engine import display_url
+from hermes_store.errors import StoreError
 from hermes_store.revisions import script_directory
-from hermes_store.server_check import search_index_states
+
+# What a deferred backfill still has to do: the library's, shown by upgrade, current,
+# optimize-storage and stats.
+from hermes_store.sqlite.storage import backfill_status
 
 
 @click.command()
@@ -74,6 +71,7 @@ from hermes_store.server_check import search_index_states
 )
 @backup_options
 @json_option
+@with_app_versions
 def upgrade(
     db: str | None,
     create: bool,
@@ -88,15 +86,14 @@ def upgrade(
     """Upgrade a store, adopting a legacy one first (--create: start a new one).
 
     The same as `alembic -x db=PATH upgrade head`. A store written by the Hermes agent
-    (schema 17 to 30, never under Alembic) is adopted: missing columns and indexes of its
-    version are added and the matching revision stamped. Then the application's schema
+    (schema {app_versions}, never under Alembic) is adopted: missing columns and indexes of
+    its version are added and the matching revision stamped. Then the application's schema
     steps run up to --app-version, and the search indexes move to external content (text
-    stored once); `schema_version` always names the application schema the store has.
-    With --backup, a consistent copy is taken before anything is changed (not for a new,
-    empty store: there is nothing to copy). On a terminal each step shows as it runs.
-    Interrupted (Ctrl-C), the step in progress is rolled back (every revision is a
-    transaction of its own) and the message says what was done, what is left and the
-    command that finishes it.
+    stored once); `schema_version` always names the application schema the store has. With
+    --backup, a consistent copy is taken before anything is changed (not for a new, empty
+    store: there is nothing to copy). On a terminal each step shows as it runs. Interrupted
+    (Ctrl-C), the step in progress is rolled back (every revision is a transaction of its
+    own) and the message says what was done, what is left and the command that finishes it.
 
     \b
     Examples:
@@ -121,7 +118,7 @@ def upgrade(
         phases(not as_json) as show,
     ):
         store_url(db, create_home=False)
-        _refuse_sqlite_upgrade_options(db, backup_to, rebuild_fts, deferred_fts)
+        _refuse_options_of_another_database(db, backup_to, rebuild_fts, deferred_fts)
         started = time.perf_counter()
         result = migrate.upgrade(
             db,
@@ -182,21 +179,16 @@ def upgrade(
             )
 
 
-def _refuse_sqlite_upgrade_options(
+def _refuse_options_of_another_database(
     db: str | None, backup_to: Path | None, rebuild_fts: bool, deferred_fts: bool
 ) -> None:
-    """On PostgreSQL: --backup copies a file, and there is no FTS5 index to convert."""
+    """--backup copies a file, and --rebuild-fts / --deferred-fts choose how an FTS5 index
+    is converted: refused, before anything is opened, where the backend has neither."""
+    backend = migrate.Target.resolve(db).backend
     if backup_to is not None:
-        refuse_on_server(
-            db, "--backup", "it copies the SQLite file; on PostgreSQL back up with pg_dump first"
-        )
+        backend.require("file_backup", "--backup")
     if rebuild_fts or deferred_fts:
-        refuse_on_server(
-            db,
-            "--rebuild-fts / --deferred-fts",
-            "on PostgreSQL the search indexes are expression indexes the upgrade builds "
-            "itself, without blocking writes",
-        )
+        backend.require("fts_rebuild_choice", "--rebuild-fts / --deferred-fts")
 
 
 @contextlib.contextmanager
@@ -209,11 +201,11 @@ def _interrupted_upgrade(db: str | None) -> Iterator[None]:
     except KeyboardInterrupt:  # outside the library's own account (or a second Ctrl-C)
         where = "as it was"
         with contextlib.suppress(Exception):
-            url, path = store_url(db, create_home=False)
-            if is_server(url):
-                where = f"at {_server_revision(url)}"
-            elif path is not None and path.exists():
-                state = migrate.inspect_file(path)
+            target = migrate.Target.resolve(db)
+            if target.path is not None and not target.path.exists():
+                where = "not created"
+            else:
+                state = target.backend.classify(target)
                 where = (
                     f"at revision {state.revision}"
                     if state.revision
@@ -221,21 +213,8 @@ def _interrupted_upgrade(db: str | None) -> Iterator[None]:
                     if state.legacy_version
                     else "empty"
                 )
-            else:
-                where = "not created"
         click.echo(f"\ninterrupted: the store is {where}; see `hermes-store current`", err=True)
         sys.exit(130)
-
-
-def _server_revision(url: str) -> str:
-    """Where an interrupted upgrade left a PostgreSQL store, for the operator."""
-    engine = create_store_engine(url, create=False)
-    try:
-        with engine.connect() as conn:
-            revisions, _version, _layout = server.facts(conn)
-    finally:
-        engine.dispose()
-    return f"revision {', '.join(revisions)}" if revisions else "nothing (an empty database)"
 
 
 class _TakesRelativeRevision(click.Command):
@@ -262,6 +241,7 @@ class _TakesRelativeRevision(click.Command):
     help="With `base`: allow dropping every table of a store that holds conversations.",
 )
 @json_option
+@with_app_versions
 def downgrade(
     revision: str,
     db: str | None,
@@ -272,17 +252,17 @@ def downgrade(
     as_json: bool,
 ) -> None:
     """Take a store back: REVISION is -N (N steps), an id from `hermes-store history`,
-    an application version (17-30), fts@-1 (the search layout only) or base.
+    an application version ({app_versions}), fts@-1 (the search layout only) or base.
 
     One step is the newest revision of the store that changes it, in the order `upgrade`
-    applies them (the application's schema versions, then the search layout): -1 from
-    the head undoes the search layout (the merge revision above it changes nothing and
-    goes with it), -1 again undoes 30, and so on. A revision id or version means what it
-    means to Alembic: every revision that depends on it is undone (from the head, 21
-    leaves 21 and fts1). Asks first, listing what each undone revision gives up, unless
-    --yes. Each revision's downgrade runs in its own transaction. `base` (or every step)
-    drops every table: on a store holding conversations it is refused unless --yes
-    --i-know-this-deletes-data are both given. Take a --backup first.
+    applies them (the application's schema versions, then the search layout): -1 from the
+    head undoes the search layout (the merge revision above it changes nothing and goes with
+    it), -1 again undoes the application's newest version, and so on. A revision id or
+    version means what it means to Alembic: every revision that depends on it is undone
+    (from the head, 21 leaves 21 and fts1). Asks first, listing what each undone revision
+    gives up, unless --yes. Each revision's downgrade runs in its own transaction. `base`
+    (or every step) drops every table: on a store holding conversations it is refused unless
+    --yes --i-know-this-deletes-data are both given. Take a --backup first.
 
     \b
     Examples:
@@ -296,9 +276,7 @@ def downgrade(
         raise click.UsageError("--i-know-this-deletes-data only counts together with --yes")
     with operator_errors():
         if backup_to is not None:
-            refuse_on_server(
-                db, "--backup", "it copies the SQLite file; on PostgreSQL back up with pg_dump"
-            )
+            migrate.Target.resolve(db).backend.require("file_backup", "--backup")
         open_existing(db).dispose()
         plan = migrate.plan_store_downgrade(db, revision)
         url, path = store_url(db, create_home=False)
@@ -364,12 +342,7 @@ def stamp(revision: str, db: str | None, as_json: bool) -> None:
       hermes-store stamp head --db restored-copy.db
     """
     with operator_errors():
-        refuse_on_server(
-            db,
-            "stamp",
-            "it checks a SQLite store's schema before recording a revision; a PostgreSQL "
-            "database is only ever at a revision its upgrade ran",
-        )
+        migrate.Target.resolve(db).backend.require("stamp", "stamp")
         open_existing(db).dispose()
         start, end = migrate.stamp(db, revision)
     if as_json:
@@ -399,10 +372,9 @@ def history(db: str | None, fmt: str) -> None:
                 engine = open_existing(db, reading=True)
                 with engine.connect() as conn:
                     current = set((migrate.current_revision(conn) or "").split(", ")) - {""}
-                path = None if is_server(str(engine.url)) else db_path(str(engine.url))
                 engine.dispose()
-                state = migrate.inspect_file(path) if path is not None else None
-                if not current and state is not None and state.legacy_version is not None:
+                state = migrate.classify(db) if not current else None
+                if state is not None and state.legacy_version is not None:
                     current = {str(state.legacy_version)}
                     mark = (
                         f"unversioned, legacy schema {state.legacy_version} ~ revision "
@@ -430,78 +402,9 @@ def history(db: str | None, fmt: str) -> None:
     )
 
 
-def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
-    """Per index, what an unfinished deferred backfill still has to do.
-
-    An index rebuilt beside its legacy table is listed under its own name, with the table
-    it is built in (``"table": "messages_fts_next"``); a swapped-out legacy index whose
-    pages are still being freed under its retired name.
-    """
-    status: dict[str, dict[str, Any]] = {}
-    if fts.layout(conn) not in ("external", "staging"):  # nothing of ours to fill or drop
-        items: list[backfill.Pending] = []
-        filled: list[str] = []
-    else:
-        items, filled = backfill.pending(conn), backfill.merging(conn)
-    for item in items:
-        status[item.logical] = {
-            "state": "filling",
-            "high_water": item.high_water,
-            "indexed_upto": item.indexed_upto,
-            "rows_left": backfill.rows_left(conn, item),
-        }
-    for table in filled:
-        status[fts.logical_index(table)] = {"state": "merging", "rows_left": 0}
-    for index, table in fts.staged_indexes(conn).items():
-        status.setdefault(index, {"state": "ready to swap in", "rows_left": 0})
-        status[index]["table"] = table
-    for table in fts.retired_indexes(conn):
-        status[table] = {
-            "state": "retired, being freed in steps (`hermes-store optimize` frees it)",
-            "rows_left": backfill.retired_rows(conn, table),
-        }
-    if backfill.has_change_log(conn):  # see migrate.verify_ahead
-        status["upgrade change log"] = {
-            "state": "an upgrade is running or was interrupted; optimize, optimize-storage "
-            "or the next upgrade removes it",
-            "rows_left": 0,
-        }
-    return status
-
-
 def _current(engine: Engine) -> dict[str, Any]:
-    if is_server(str(engine.url)):
-        return _current_on_server(engine)
     with engine.connect() as conn:
-        revision = migrate.current_revision(conn)
-        legacy = conn.exec_driver_sql("SELECT version FROM schema_version").scalar()
-        return {
-            "revision": revision,
-            "legacy_schema": legacy,
-            "head": migrate.head_revision(),
-            "fts_layout": fts.layout(conn),
-            "fts_indexes": {name: fts.index_layout(conn, name) for name in fts.INDEXES},
-            "backfill": backfill_status(conn),
-        }
-
-
-def _current_on_server(engine: Engine) -> dict[str, Any]:
-    """`current` on PostgreSQL: the same fields, and each search index's state."""
-    with engine.connect() as conn:
-        revisions, version, layout = server.facts(conn)
-        states = search_index_states(conn)
-    return {
-        "database": display_url(engine.url.render_as_string(hide_password=False)),
-        "revision": ", ".join(revisions) or None,
-        "legacy_schema": version,
-        "head": migrate.head_revision(),
-        "fts_layout": layout,
-        "fts_indexes": {
-            name: layout if state != "missing" else "missing" for name, state in states.items()
-        },
-        "search_indexes": states,
-        "backfill": {},
-    }
+        return backend_of(engine).describe_revision(conn)
 
 
 @click.command()

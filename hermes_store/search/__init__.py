@@ -1,70 +1,36 @@
-"""The message-search contract (shared/spec/search.md): sanitising, routing, filters, context.
+"""The message-search contract (docs/search.md): sanitising, routing, filters, context.
 
 The package: ``query`` (sanitising, routing, the query tree: both databases), ``schema``
-(tables, filters, result columns), ``context`` (context rows, result types), ``sqlite`` and
-``postgresql`` (each database's statements), ``pending`` (rows a deferred backfill has not
-indexed yet, SQLite).
+(tables, the options and filters, result columns), ``context`` (context rows, result types,
+the hit), ``pipeline`` (the steps of one search, the same on every database), ``snippet``
+(FTS5's snippet in Python, and its ``tokenizer_tables``). Each database's statements are its
+backend's: hermes_store/sqlite/search.py (and ``pending``, rows a deferred backfill has not
+indexed yet) and hermes_store/postgresql/search.py.
 """
 
 from __future__ import annotations
 
-import logging
-import sqlite3
 from collections.abc import Sequence
 
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from hermes_store.errors import UnsupportedLayout
-from hermes_store.prepared import Connections, driver
-from hermes_store.search import postgresql
-from hermes_store.search.context import (
-    ContextMessage,
-    SearchHit,
-    SearchResults,
-    _contexts,
-)
-from hermes_store.search.context import (
-    _context_text as _context_text,  # benchmarks/raw.py renders context as search does
-)
+from hermes_store.backend import backend_of
+from hermes_store.prepared import Connections
+from hermes_store.search.context import ContextMessage, SearchHit, SearchResults, context_text
+from hermes_store.search.pipeline import search
 from hermes_store.search.query import (
     MAX_QUERY_CHARS,
     MAX_SEARCH_TERMS,
     TRIGRAM_INDEX,
-    UNSTORABLE_QUERY,
     WORD_INDEX,
-    _check_bounded,
-    _normalise_sort,
-    _Route,
-    _route,
     contains_cjk,
     count_cjk,
-    not_understood,
     sanitize_query,
-    storable,
     without_repeats,
 )
-from hermes_store.search.schema import _Filters
-from hermes_store.search.sqlite import (
-    _degraded,
-    _fetch_hits,
-    _NeedsConnection,
-    _OnConnection,
-    _OnDriver,
-    _reading_leniently,
-    _rejected,
-    _replacing_text,
-    _Runner,
-    _share_state,
-    _State,
-    _state,
-    _undecodable,
-    _Unreadable,
-    _unreadable,
-    accept_search_objects,
-    match_selectable,
-)
+from hermes_store.search.schema import SearchOptions
+from hermes_store.sqlite.search import accept_search_objects, match_selectable
 
 __all__ = [
     "MAX_QUERY_CHARS",
@@ -73,9 +39,11 @@ __all__ = [
     "WORD_INDEX",
     "ContextMessage",
     "SearchHit",
+    "SearchOptions",
     "SearchResults",
     "accept_search_objects",
     "contains_cjk",
+    "context_text",
     "count_cjk",
     "match_selectable",
     "sanitize_query",
@@ -83,8 +51,6 @@ __all__ = [
     "search_store",
     "without_repeats",
 ]
-
-log = logging.getLogger(__name__)
 
 
 def search_messages(
@@ -98,7 +64,7 @@ def search_messages(
     sort: str | None = None,
     include_inactive: bool = False,
 ) -> SearchResults:
-    """Search message text exactly as the legacy application did (shared/spec/search.md).
+    """Search message text exactly as the legacy application did (docs/search.md).
 
     Never answers wrongly without saying so: when the index a query needs is damaged, the
     hits come from an exact scan of `messages`, one WARNING is logged and the result's
@@ -107,16 +73,10 @@ def search_messages(
     store, has no hits, and ``query_error`` says why (see :class:`SearchResults`).
     """
     connection = conn.connection() if isinstance(conn, Session) else conn
-    filters = _Filters(include_inactive, source_filter, exclude_sources, role_filter)
-    if connection.dialect.name == "postgresql":
-        return _search_on_server(connection, query, filters, sort, (limit, offset))
-    return _search(
-        _OnConnection(connection),
-        query,
-        filters,
-        sort,
-        (limit, offset),
+    options = SearchOptions(
+        query, source_filter, exclude_sources, role_filter, limit, offset, sort, include_inactive
     )
+    return search(backend_of(connection).search_statements(connection), options)
 
 
 def search_store(
@@ -133,149 +93,13 @@ def search_store(
     """:func:`search_messages` in a read transaction of its own, on a connection of ``engine``
     (an engine's pool, or a store's own connections).
 
-    The usual search runs on the driver connection (hermes_store.prepared), like the
-    Store's other methods: a SQLAlchemy ``Connection`` costs as much as the SQL of a cheap
-    query. A search that needs one (the first after a schema change, a damaged index, a
-    deferred backfill in progress) runs again through ``search_messages``.
+    On SQLite the usual search runs on the driver connection (hermes_store.prepared), like
+    the Store's other methods: a SQLAlchemy ``Connection`` costs as much as the SQL of a
+    cheap query; the first search after a schema change runs on one. On PostgreSQL it reads
+    one snapshot (REPEATABLE READ).
     """
-    filters = _Filters(include_inactive, source_filter, exclude_sources, role_filter)
-    if engine.engine.dialect.name == "postgresql":
-        with engine.connect() as conn:
-            conn.execution_options(isolation_level="REPEATABLE READ")  # one snapshot
-            return _search_on_server(conn, query, filters, sort, (limit, offset))
-    with driver(engine) as db:
-        db.run("BEGIN")
-        try:
-            return _search(_OnDriver(db), query, filters, sort, (limit, offset))
-        except _NeedsConnection:
-            pass
-        finally:
-            db.connection.rollback()
-    with engine.connect() as conn:
-        results = _search(_OnConnection(conn), query, filters, sort, (limit, offset))
-        _share_state(conn.info, db.info)
-    return results
-
-
-def _sanitized(query: str) -> str:
-    """The query as the contract sends it to an index; empty when there is nothing to search
-    (an empty or all-whitespace query, or nothing left after sanitising)."""
-    if not query or not query.strip():
-        return ""
-    return without_repeats(sanitize_query(query))
-
-
-def _search_on_server(
-    conn: Connection, query: str, filters: _Filters, sort: str | None, page: tuple[int, int]
-) -> SearchResults:
-    """search_messages' answer on PostgreSQL (hermes_store.search.postgresql)."""
-    sanitized = _sanitized(query)
-    if not sanitized:
-        return SearchResults()
-    if not storable(sanitized):
-        return SearchResults(query_error=UNSTORABLE_QUERY)
-    route = _route(sanitized, trigram=True)  # both indexes exist at head (revision fts1)
-    _check_bounded(route)
-    return postgresql.search(conn, route, filters, _normalise_sort(sort), page)
-
-
-def _search(
-    on: _Runner, query: str, filters: _Filters, sort: str | None, page: tuple[int, int]
-) -> SearchResults:
-    """search_messages' answer, its statements run by ``on``."""
-    sanitized = _sanitized(query)
-    if not sanitized:
-        return SearchResults()
-    if not storable(sanitized):
-        return SearchResults(query_error=UNSTORABLE_QUERY)
-    state = _state(on)
-    if state.application:
-        raise UnsupportedLayout(
-            "this store's search indexes are in the Hermes application's own layout "
-            "(it moved them itself), which hermes-store does not search: use the agent's "
-            "search; `check`, `storage` and `optimize` work on it"
-        )
-    tables, damaged = state.tables, state.damaged
-    if WORD_INDEX not in tables and WORD_INDEX not in damaged:
-        log.debug("search: no %s table; no results", WORD_INDEX)  # FTS5 unavailable
-        return SearchResults()
-    route = _route(sanitized, trigram=TRIGRAM_INDEX in tables)
-    _check_bounded(route)
-    order = _normalise_sort(sort)
-    degraded = None
-    if route.index is not None and route.index in damaged:
-        degraded = _degraded(route.index, damaged[route.index])
-    try:
-        results = _answer(on, route, filters, order, page, state, degraded)
-    except _Unreadable:
-        results = None
-    if results is None:  # read again: the index, else the scan; invalid UTF-8 as U+FFFD
-        with _replacing_text(on.driver) as replacing:
-            try:
-                results = _answer(on, route, filters, order, page, state, degraded)
-            except _Unreadable as exc:  # nothing else reads `messages`: no answer
-                raise exc.error from None
-            named = _undecodable(on, [hit["id"] for hit in results]) if replacing.replaced else None
-        if named:
-            results.degraded = f"{results.degraded}; {named}" if results.degraded else named
-    if results.degraded:
-        log.warning("search: %s", results.degraded)
-    return results
-
-
-def _answer(
-    on: _Runner,
-    route: _Route,
-    filters: _Filters,
-    sort: str | None,
-    page: tuple[int, int],
-    state: _State,
-    degraded: str | None,
-) -> SearchResults:
-    """The hits of a routed query, with their context. Raises _Unreadable (to be read again,
-    leniently) when the index or a row could not be read; once reading leniently, an index
-    that still cannot be read is replaced by the exact scan."""
-    try:
-        rows = _fetch_hits(on, route, filters, sort, page, state, scan=bool(degraded))
-    except _Unreadable as exc:
-        if route.index is None or degraded or not _reading_leniently(on.driver):
-            raise
-        degraded = _degraded(route.index, exc.why)
-        rows = _fetch_hits(on, route, filters, sort, page, state, scan=True)
-    if rows == [] and route.index is not None and _rejected(route.index, route.match):
-        rows = None  # SQLite never asked FTS5: the filters alone left no row to test
-    if rows is None and route.index == TRIGRAM_INDEX:  # trigram rejected it: LIKE scan
-        route = _Route(None, "", route.like_tokens)
-        rows = _fetch_hits(on, route, filters, sort, page, state)
-    if rows is None:  # the word index rejected the query text (FTS5 syntax error)
-        return SearchResults(degraded=degraded, query_error=not_understood(route.match))
-    if not rows:
-        return SearchResults(degraded=degraded)
-    log.debug("search: %d hit(s) from %s", len(rows), route.index or "LIKE scan")
-    try:
-        contexts = _contexts(on, [row["id"] for row in rows])
-    except (DBAPIError, sqlite3.Error) as exc:
-        unreadable = _unreadable(exc)
-        if unreadable is not None and not _reading_leniently(on.driver):
-            raise unreadable from None  # read again, leniently
-        log.debug("search: context lookup failed (%s)", type(exc).__name__)
-        contexts = {}
-    except Exception as exc:  # the contract: a failed context lookup leaves every hit with []
-        log.debug("search: context lookup failed (%s)", type(exc).__name__)
-        contexts = {}
-    hits: list[SearchHit] = [
-        {
-            "id": row["id"],
-            "session_id": row["session_id"],
-            "role": row["role"],
-            "snippet": row["snippet"],
-            "timestamp": row["timestamp"],
-            "tool_name": row["tool_name"],
-            "source": row["source"],
-            "model": row["model"],
-            "session_started": row["session_started"],
-            "context": contexts.get(row["id"], []),
-        }
-        for row in rows
-    ]
-    return SearchResults(hits, degraded=degraded)
+    options = SearchOptions(
+        query, source_filter, exclude_sources, role_filter, limit, offset, sort, include_inactive
+    )
+    with backend_of(engine.engine).search_transaction(engine) as statements:
+        return search(statements, options)

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol, TypedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypedDict
 
-from sqlalchemy import and_, bindparam, case, func, select, tuple_
+from sqlalchemy import bindparam, select, tuple_
 
-from hermes_store.models import to_server_text
-from hermes_store.prepared import Prepared
-from hermes_store.search.schema import _messages
+from hermes_store.search.schema import MESSAGES
 
 log = logging.getLogger(__name__)
-
-
-class _Rows(Protocol):
-    """Runs a compiled statement and returns its rows (a search's runner)."""
-
-    def rows(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]: ...
 
 
 CONTEXT_CHARS = 200
@@ -31,9 +23,9 @@ _IN_CHUNK = 500  # ids per IN (...) of the context lookup, far below SQLite's va
 # The context windows of hits ``t``: each hit with its session's previous and next
 # messages in (timestamp, id) order, every row of the session whatever its visibility flags,
 # in one statement (per chunk of hits).
-_target = _messages.alias("t")
-_other = _messages.alias("n")
-_window_row = _messages.alias("w")
+_target = MESSAGES.alias("t")
+_other = MESSAGES.alias("n")
+_window_row = MESSAGES.alias("w")
 # Row values, not (a < b OR a = b AND ...): SQLite then seeks the session's index
 # (session_id, timestamp) to the neighbour instead of reading the whole session.
 _target_key = tuple_(_target.c.timestamp, _target.c.id)
@@ -61,41 +53,16 @@ CONTEXT_WINDOW_IDS = (
 )
 
 
-def _windows_of(content: Any) -> Any:
-    """The context windows of hits ``ids``, each row's content as ``content`` selects it."""
+def windows_of(content: Callable[[Any], Any]) -> Any:
+    """The context windows of hits ``ids`` (hit id, role, content), each row's content as
+    ``content`` (a function of the content column) selects it: each database cuts it in its
+    own SQL."""
     return (
-        select(_target.c.id, _window_row.c.role, content.label("content"))
+        select(_target.c.id, _window_row.c.role, content(_window_row.c.content).label("content"))
         .select_from(_windows)
         .where(_target.c.id.in_(bindparam("ids", expanding=True)))
         .order_by(_target.c.id, _window_row.c.timestamp, _window_row.c.id)
     )
-
-
-# A context entry shows CONTEXT_CHARS characters: plain text is cut in SQL (a 10 MB tool
-# output costs no copy); content stored as JSON (NUL + "json:") is read whole, to decode.
-_content = _window_row.c.content
-#: SQLite: its substr() stops at a NUL, so a text with one in its first CONTEXT_CHARS
-#: characters (JSON content starts with one) is read whole; one shorter than that, too.
-_cut = func.substr(_content, 1, CONTEXT_CHARS)
-_CONTEXT_WINDOWS = Prepared.of(
-    _windows_of(
-        case(
-            (and_(func.typeof(_content) == "text", func.length(_cut) == CONTEXT_CHARS), _cut),
-            else_=_content,
-        )
-    )
-)
-#: PostgreSQL (hermes_store.models.to_server_text: a NUL is stored as U+FFFE there, and a
-#: character of its codes as three): the characters that hold the first CONTEXT_CHARS.
-CONTEXT_WINDOWS = _windows_of(
-    case(
-        (
-            func.left(_content, len(CONTENT_JSON_PREFIX)) == to_server_text(CONTENT_JSON_PREFIX),
-            _content,
-        ),
-        else_=func.substr(_content, 1, 3 * CONTEXT_CHARS),
-    )
-)
 
 
 class ContextMessage(TypedDict):
@@ -149,7 +116,7 @@ class SearchResults(list[SearchHit]):
         self.query_error = query_error
 
 
-def _context_text(raw: object) -> str:
+def context_text(raw: object) -> str:
     """Render stored content for a context entry: decoded, multimodal flattened, cut."""
     value: object = raw
     if isinstance(raw, str) and raw.startswith(CONTENT_JSON_PREFIX):
@@ -171,15 +138,10 @@ def _context_text(raw: object) -> str:
     return text[:CONTEXT_CHARS]
 
 
-def _chunks(ids: Sequence[int]) -> Iterator[list[int]]:
+def chunks(ids: Sequence[int]) -> Iterator[list[int]]:
     """Split ids into IN-list sized chunks."""
     for start in range(0, len(ids), _IN_CHUNK):
         yield list(ids[start : start + _IN_CHUNK])
-
-
-def _contexts(on: _Rows, hit_ids: Sequence[int]) -> dict[int, list[ContextMessage]]:
-    """The context window of every hit: one statement per chunk of hits."""
-    return contexts_of(lambda chunk: on.rows(*_CONTEXT_WINDOWS.bind({"ids": chunk})), hit_ids)
 
 
 def contexts_of(
@@ -189,12 +151,12 @@ def contexts_of(
     of hit ids: hit id, role, content)."""
     contexts: dict[int, list[ContextMessage]] = {hit_id: [] for hit_id in hit_ids}
     failed: set[int] = set()
-    for chunk in _chunks(hit_ids):
+    for chunk in chunks(hit_ids):
         for hit_id, role, content in windows(chunk):
             if hit_id in failed:
                 continue
             try:
-                entry: ContextMessage = {"role": role, "content": _context_text(content)}
+                entry: ContextMessage = {"role": role, "content": context_text(content)}
                 contexts[hit_id].append(entry)
             except Exception as exc:  # the contract: a hit whose context cannot be built gets []
                 # The type only: the exception's text may quote the message.
@@ -202,3 +164,20 @@ def contexts_of(
                 failed.add(hit_id)
                 contexts[hit_id] = []
     return contexts
+
+
+def hit_of(row: Mapping[str, Any], context: list[ContextMessage]) -> SearchHit:
+    """A search's row (id, snippet and RESULT_KEYS) as the contract's hit: the one place a
+    hit is built, for both databases."""
+    return {
+        "id": int(row["id"]),
+        "session_id": row["session_id"],
+        "role": row["role"],
+        "snippet": row["snippet"],
+        "timestamp": row["timestamp"],
+        "tool_name": row["tool_name"],
+        "source": row["source"],
+        "model": row["model"],
+        "session_started": row["session_started"],
+        "context": context,
+    }

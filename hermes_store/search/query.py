@@ -41,7 +41,7 @@ _JOINED_TERM = re.compile(r"\b(\w+(?:[._-]\w+)+)\b")
 
 
 @dataclass(frozen=True)
-class _Route:
+class Route:
     """Where a sanitised query is answered: an FTS index (``index``) or the LIKE scan (None)."""
 
     index: str | None
@@ -105,16 +105,24 @@ def sanitize_query(query: str) -> str:
     return text.strip()
 
 
+def index_query(query: str) -> str:
+    """The query as the contract sends it to an index; empty when there is nothing to search
+    (an empty or all-whitespace query, or nothing left after sanitising)."""
+    if not query or not query.strip():
+        return ""
+    return without_repeats(sanitize_query(query))
+
+
 _TOKEN = re.compile(r'"(?:[^"]|"")*"|[^ ]+')
 
 
 def _term_key(token: str) -> str:
     """Tokens with equal keys match the same rows: ASCII case folded (as unicode61 and the
     trigram tokenizer fold it), anything else compared as written."""
-    return token.translate(_ASCII_LOWER)
+    return token.translate(ASCII_LOWER)
 
 
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def without_repeats(sanitized: str) -> str:
@@ -158,7 +166,7 @@ def _count_terms(match: str) -> int:
     return count
 
 
-def _check_bounded(route: _Route) -> None:
+def check_bounded(route: Route) -> None:
     if route.index is not None and (terms := _count_terms(route.match)) > MAX_SEARCH_TERMS:
         raise QueryTooComplex(
             f"the search query has {terms} distinct terms; at most {MAX_SEARCH_TERMS} are "
@@ -172,10 +180,10 @@ def _quote_token(token: str) -> str:
     return '"' + token.replace('"', '""') + '"'
 
 
-def _route(sanitized: str, *, trigram: bool) -> _Route:
+def route_query(sanitized: str, *, trigram: bool) -> Route:
     """Pick the index (or the LIKE scan) that answers a sanitised query."""
     if not contains_cjk(sanitized):
-        return _Route(WORD_INDEX, sanitized, ())
+        return Route(WORD_INDEX, sanitized, ())
     raw = sanitized.strip('"').strip()
     tokens = raw.split()
     terms = tuple(token for token in tokens if token.upper() not in _OPERATORS)
@@ -187,16 +195,16 @@ def _route(sanitized: str, *, trigram: bool) -> _Route:
         match = " ".join(
             token if token.upper() in _OPERATORS else _quote_token(token) for token in tokens
         )
-        return _Route(TRIGRAM_INDEX, match, like_tokens)
-    return _Route(None, "", like_tokens)
+        return Route(TRIGRAM_INDEX, match, like_tokens)
+    return Route(None, "", like_tokens)
 
 
-def _escape_like(token: str) -> str:
+def escape_like(token: str) -> str:
     """Escape ``\\``, ``%`` and ``_`` for a LIKE pattern with ``\\`` as the escape character."""
     return token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _reduced(tokens: Sequence[str]) -> list[str]:
+def reduced(tokens: Sequence[str]) -> list[str]:
     """The LIKE route's tokens without those that add nothing to its OR: repeats, and any
     token containing another one (a row with "数据" has "数"). LIKE folds ASCII case only."""
     unique = list({_term_key(token): token for token in reversed(tokens)}.values())[::-1]
@@ -209,10 +217,7 @@ def _reduced(tokens: Sequence[str]) -> list[str]:
     ]
 
 
-#: Up to this many tokens (NUL-free) the LIKE scan runs SQL LIKE conditions, one per
-
-
-def _normalise_sort(sort: object) -> str | None:
+def normalise_sort(sort: object) -> str | None:
     """Return ``"newest"`` or ``"oldest"`` (case-insensitive, trimmed), else None (rank)."""
     if isinstance(sort, str) and sort.strip().lower() in ("newest", "oldest"):
         return sort.strip().lower()
@@ -577,7 +582,7 @@ Group = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
 
 @dataclass(frozen=True)
 class Highlight:
-    """What a snippet marks (the arguments of hermes_store.fts5_snippet's functions).
+    """What a snippet marks (the arguments of hermes_store.search.snippet's functions).
 
     ``phrases``: each phrase as its written segments, (text, is_prefix), in query order.
     ``near``: each NEAR group as (indexes of its phrases, distance). ``groups``: the query

@@ -1,4 +1,4 @@
-"""The tables a search reads, the contract's filters, and the result columns, as Core."""
+"""The tables a search reads, the contract's options and filters, the result columns (Core)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from sqlalchemy import (
     table,
 )
 
-_messages = table(
+from hermes_store.search.query import normalise_sort
+
+MESSAGES = table(
     "messages",
     column("id", Integer),
     column("session_id", String),
@@ -30,19 +32,19 @@ _messages = table(
     column("active", Integer),
     column("compacted", Integer),
 )
-_sessions = table(
+SESSIONS = table(
     "sessions",
     column("id", String),
     column("source", String),
     column("model", String),
     column("started_at", Float),
 )
-_m = _messages.alias("m")
-_s = _sessions.alias("s")
+M = MESSAGES.alias("m")
+S = SESSIONS.alias("s")
 
 
 @dataclass(frozen=True)
-class _Filters:
+class Filters:
     """The caller's filters, as the contract applies them."""
 
     include_inactive: bool = False
@@ -69,32 +71,64 @@ class _Filters:
         }
 
 
-def _filter_criteria(given: tuple[bool, bool, bool, bool]) -> list[ColumnElement[bool]]:
-    """The WHERE terms of the filters given (see _Filters.given), values left as parameters."""
+@dataclass(frozen=True)
+class SearchOptions:
+    """One search's options, declared once: what search_messages, search_store and
+    Store.search take as arguments, passed whole through the pipeline and the backends."""
+
+    query: str
+    source_filter: Sequence[str] | None = None
+    exclude_sources: Sequence[str] | None = None
+    role_filter: Sequence[str] | None = None
+    limit: int = 20
+    offset: int = 0
+    sort: str | None = None
+    include_inactive: bool = False
+
+    @property
+    def filters(self) -> Filters:
+        """The WHERE part of the options."""
+        return Filters(
+            self.include_inactive, self.source_filter, self.exclude_sources, self.role_filter
+        )
+
+    @property
+    def page(self) -> tuple[int, int]:
+        """(limit, offset) as given: each database reads a negative one as SQLite does."""
+        return self.limit, self.offset
+
+    @property
+    def order(self) -> str | None:
+        """``"newest"``, ``"oldest"``, or None: by rank."""
+        return normalise_sort(self.sort)
+
+
+def filter_criteria(given: tuple[bool, bool, bool, bool]) -> list[ColumnElement[bool]]:
+    """The WHERE terms of the filters given (see Filters.given), values left as parameters."""
     visible_only, sources, excluded, roles = given
     criteria: list[ColumnElement[bool]] = []
     if visible_only:
         one = literal_column("1", Integer)
-        criteria.append(or_(_m.c.active == one, _m.c.compacted == one))
+        criteria.append(or_(M.c.active == one, M.c.compacted == one))
     if sources:
-        criteria.append(_s.c.source.in_(bindparam("sources", expanding=True)))
+        criteria.append(S.c.source.in_(bindparam("sources", expanding=True)))
     if excluded:
-        criteria.append(_s.c.source.not_in(bindparam("excluded", expanding=True)))
+        criteria.append(S.c.source.not_in(bindparam("excluded", expanding=True)))
     if roles:
-        criteria.append(_m.c.role.in_(bindparam("roles", expanding=True)))
+        criteria.append(M.c.role.in_(bindparam("roles", expanding=True)))
     return criteria
 
 
-_RESULT_COLUMNS = (
-    _m.c.session_id,
-    _m.c.role,
-    _m.c.timestamp,
-    _m.c.tool_name,
-    _s.c.source,
-    _s.c.model,
-    _s.c.started_at.label("session_started"),
+RESULT_COLUMNS = (
+    M.c.session_id,
+    M.c.role,
+    M.c.timestamp,
+    M.c.tool_name,
+    S.c.source,
+    S.c.model,
+    S.c.started_at.label("session_started"),
 )
-_RESULT_KEYS = (
+RESULT_KEYS = (
     "session_id",
     "role",
     "timestamp",

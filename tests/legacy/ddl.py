@@ -1,7 +1,7 @@
 """Frozen DDL of the legacy Hermes session store, schema 17 to 30.
 
 Every constant is one SQL statement exactly as the legacy application ran it (see
-shared/spec/legacy-store.md). This is reference data for migration tests: never edit a
+docs/legacy-store.md). This is reference data for migration tests: never edit a
 statement to match new code; if the spec changes, add constants and say why.
 
 History the constants reproduce:

@@ -1,12 +1,12 @@
 """Online, resumable, throttled FTS index fill for stores too large to index in one lock.
 
-Revision 22 with `-x fts_backfill=deferred` (and `check --repair`) leaves an index empty
-for the ids up to a high-water mark and records, in `state_meta`, how far it is filled:
-`<index>.backfill_high_water` and `<index>.backfill_indexed_upto`. The triggers leave the
-rows in between to this module. Each chunk indexes the next rows and moves the marker in
-the same short `BEGIN IMMEDIATE` transaction, so a kill at any instant loses at most the
-chunk in flight, and a re-run resumes from the marker. When an index is complete its keys
-are deleted and its triggers behave as usual.
+The search-layout revision with `-x fts_backfill=deferred` (and `check --repair`) leaves an
+index empty for the ids up to a high-water mark and records, in `state_meta`, how far it is
+filled: `<index>.backfill_high_water` and `<index>.backfill_indexed_upto`. The triggers
+leave the rows in between to this module. Each chunk indexes the next rows and moves the
+marker in the same short `BEGIN IMMEDIATE` transaction, so a kill at any instant loses at
+most the chunk in flight, and a re-run resumes from the marker. When an index is complete
+its keys are deleted and its triggers behave as usual.
 
 An index rebuilt beside a legacy one (`<index>_next`, see :func:`fts.staged_indexes`) is
 filled the same way under its own name; once it is filled and merged, one short step swaps
@@ -28,9 +28,12 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import OperationalError
 
+from hermes_store.declarations import SQLITE
 from hermes_store.engine import BEGIN_OPTION, joined_transaction
 from hermes_store.errors import Interrupted
-from hermes_store.fts import (
+from hermes_store.progress import Phase, Report
+from hermes_store.sqlite.changelog import drop_change_log
+from hermes_store.sqlite.fts import (
     INDEXES,
     SOURCE_VIEW,
     begin_writing,
@@ -42,8 +45,6 @@ from hermes_store.fts import (
     staged_indexes,
     staged_name,
 )
-from hermes_store.progress import Phase, Report
-from hermes_store.revisions import fts_conversion, fts_head
 
 log = logging.getLogger(__name__)
 
@@ -397,14 +398,14 @@ def remove_stale_change_log(conn: Connection) -> bool:
     with joined_transaction(conn):
         if not has_change_log(conn):
             return False
-        fts_conversion().drop_change_log(conn)
+        drop_change_log(conn)
     log.info("removed the change log of an interrupted upgrade")
     return True
 
 
 def has_change_log(conn: Connection) -> bool:
     """Whether an upgrade's change log is in the store (see migrate.verify_ahead)."""
-    return _exists(conn, fts_conversion().CHANGE_LOG)
+    return _exists(conn, SQLITE.change_log.table)
 
 
 def swap_in(conn: Connection, index: str) -> int:
@@ -414,14 +415,14 @@ def swap_in(conn: Connection, index: str) -> int:
     (FTS5 renames the shadow tables with them; nothing is copied or freed), creates the
     head's triggers. Returns 1 (one step of work).
     """
-    head = fts_head()
-    staged, retired = staged_name(index), index + str(head.RETIRED_SUFFIX)
+    head = SQLITE.index(index)
+    staged, retired = staged_name(index), index + SQLITE.retired_suffix
     if any(item.index == staged for item in pending(conn)) or staged in merging(conn):
         raise ValueError(f"{staged} is not complete yet: it cannot replace {index}")
     if is_application_layout(conn) or index_layout(conn, index) == "external":
         # Someone else (the Hermes application moving to its own layout) replaced the
         # legacy index meanwhile: its table is not ours to retire. The staged one goes.
-        for trigger in head.STAGED_TRIGGER_NAMES[index]:
+        for trigger in SQLITE.staged_trigger_names(index):
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}")
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {staged}")
         log.warning(
@@ -433,13 +434,13 @@ def swap_in(conn: Connection, index: str) -> int:
             index,
         )
         return 1
-    for trigger in (*head.TRIGGER_NAMES[index], *head.STAGED_TRIGGER_NAMES[index]):
+    for trigger in (*head.trigger_names, *SQLITE.staged_trigger_names(index)):
         conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}")
     conn.exec_driver_sql(f"DROP TABLE IF EXISTS {retired}")  # a leftover of an earlier swap
     if index in present_indexes(conn):
         conn.exec_driver_sql(f"ALTER TABLE {index} RENAME TO {retired}")
     conn.exec_driver_sql(f"ALTER TABLE {staged} RENAME TO {index}")
-    for ddl in head.EXTERNAL_TRIGGERS[index]:
+    for ddl in head.triggers:
         conn.exec_driver_sql(ddl)
     log.info("backfill: %s swapped in for the legacy index %s (now %s)", staged, index, retired)
     return 1

@@ -1,6 +1,6 @@
 """Keeping a PostgreSQL store healthy: counts, and optimize (`VACUUM (ANALYZE)`).
 
-The counterpart of :mod:`hermes_store.maintenance` for a database server: there is no
+The counterpart of :mod:`hermes_store.sqlite.maintenance` for a database server: there is no
 file to shrink, no WAL to checkpoint and no FTS5 segment to merge. What `optimize` means
 there is a plain VACUUM of the store's tables (dead row versions made reusable, the
 visibility map and the GIN indexes' pending lists brought up to date) with ANALYZE (the
@@ -10,38 +10,30 @@ VACUUM FULL's exclusive lock: the agent keeps writing while it runs.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from hermes_store.maintenance import store_stats
+from hermes_store.maintenance import StoreStats, View, human_bytes, store_counts
 from hermes_store.models import Base
-from hermes_store.server import ALEMBIC_TABLE, relations
+from hermes_store.postgresql.migration import ALEMBIC_TABLE, relations
 
 
-@dataclass
-class ServerStats:
-    """How much a PostgreSQL store holds."""
-
-    sessions: int
-    messages: int
-    sessions_by_source: dict[str, int] = field(default_factory=dict)
-    #: The whole database as the server counts it (pg_database_size).
-    database_bytes: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
-
-
-def server_stats(conn: Connection) -> ServerStats:
+def server_stats(conn: Connection) -> StoreStats:
     """Sessions, messages, sessions per source and the database's size."""
-    counts = store_stats(conn, None)
+    stats = store_counts(conn)
     size = conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
     if conn.in_transaction():
         conn.rollback()
-    return ServerStats(counts.sessions, counts.messages, counts.sessions_by_source, int(size))
+    stats.sizes = {"database bytes": int(size)}
+    return stats
+
+
+def stats_of(engine: Engine) -> StoreStats:
+    """:func:`server_stats` of the store an engine opens."""
+    with engine.connect() as conn:
+        return server_stats(conn)
 
 
 @dataclass
@@ -63,6 +55,15 @@ class ServerOptimizeResult:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {**asdict(self), "reclaimed": self.reclaimed}
+
+    def view(self) -> View:
+        """The tables vacuumed and what the store's bytes did."""
+        return [
+            f"VACUUM (ANALYZE) of {len(self.tables)} tables: "
+            f"{human_bytes(self.bytes_before)} -> {human_bytes(self.bytes_after)} "
+            f"(reclaimed {human_bytes(self.reclaimed)}); dead rows made reusable and the "
+            "planner's statistics refreshed"
+        ]
 
 
 def store_bytes(conn: Connection) -> int:
@@ -102,9 +103,9 @@ def optimize_server(engine: Engine) -> ServerOptimizeResult:
 
 __all__ = [
     "ServerOptimizeResult",
-    "ServerStats",
     "optimize_server",
     "server_stats",
+    "stats_of",
     "store_bytes",
     "store_tables",
 ]

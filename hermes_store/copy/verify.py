@@ -2,7 +2,7 @@
 
 `verify` reads the target afresh and compares it with the source as the copy read it
 (one snapshot): the revision, the row count and a checksum of every table
-(``hermes_store.tablesum``: computed in Python over the values the drivers return, so no
+(``hermes_store.copy.tablesum``: computed in Python over the values the drivers return, so no
 database hash function is trusted), the search markers side by side, and the hit sets of
 sample searches run on both sides.
 
@@ -29,10 +29,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, text
 
-from hermes_store.copy_rows import (
+from hermes_store.copy.rows import CopyProgress
+from hermes_store.copy.source import open_source
+from hermes_store.copy.tables import (
     MARKER_PREFIX,
     REVISION_TABLES,
-    CopyProgress,
     count_rows,
     is_own_key,
     key_columns,
@@ -40,9 +41,9 @@ from hermes_store.copy_rows import (
     read_snapshot,
     revisions,
 )
+from hermes_store.copy.tablesum import table_sum
 from hermes_store.engine import create_store_engine, to_url
 from hermes_store.models import Base
-from hermes_store.tablesum import table_sum
 
 __all__ = ["SampleSearch", "SearchCheck", "TableCheck", "Verification", "choose_searches", "verify"]
 
@@ -489,8 +490,6 @@ def verify(
 @contextlib.contextmanager
 def _source(source: Engine | str) -> Iterator[Connection]:
     if isinstance(source, str):
-        from hermes_store.copy import open_source
-
         engine = open_source(to_url(source))
         try:
             with read_snapshot(engine) as conn:

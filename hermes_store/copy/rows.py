@@ -1,6 +1,6 @@
 """What a copy must write: one table of the source and of the target compared row by row.
 
-Both sides are read in key order, each row reduced to its ``hermes_store.tablesum``
+Both sides are read in key order, each row reduced to its ``hermes_store.copy.tablesum``
 digest, and the two streams merged: a source row the target lacks is to be inserted, one
 the target holds with other values updated, a target row the source no longer holds
 deleted. Text keys are ordered by code point on both databases (SQLite's BINARY,
@@ -9,44 +9,42 @@ same keys whatever collation a database sorts text by. Consecutive source keys t
 are kept as a :class:`Run` (its first and last key), so a first copy of millions of rows
 holds two keys in memory, and a final pass after a live copy writes only what changed.
 
-Every source row is checked on the way, before anything is written (:class:`RowChecks`):
-each value of its column's type (SQLite keeps text in a REAL column; PostgreSQL refuses
-it), text valid UTF-8, NOT NULL columns set, and each foreign key the models declare
-naming a row the source holds. A problem is named by table, column and key, never by
-its value.
+Every source row is checked on the way, before anything is written
+(``hermes_store.copy.checks``). The tables, their keys and how each side is read (one
+snapshot, keys in code point order) are ``hermes_store.copy.tables``; this module re-exports
+the names the rest of the copy uses.
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import (
-    Column,
-    ColumnElement,
-    Connection,
-    Engine,
-    Float,
-    Integer,
-    LargeBinary,
-    Row,
-    String,
-    Table,
-    and_,
-    func,
-    inspect,
-    select,
-    text,
-    tuple_,
-)
+from sqlalchemy import ColumnElement, Connection, Row, Table, and_, select, tuple_
 
-from hermes_store import fts, server
-from hermes_store.errors import StoreError
-from hermes_store.models import Base
-from hermes_store.tablesum import RowHasher, TableChecksum
+from hermes_store.copy.checks import Problem, RowChecks
+from hermes_store.copy.tables import (
+    MARKER_PREFIX,
+    REVISION_TABLES,
+    copied_table,
+    copied_tables,
+    count_rows,
+    is_own_key,
+    key_columns,
+    key_positions,
+    ordered_key,
+    own_filter,
+    read_only,
+    read_snapshot,
+    revisions,
+    self_references,
+    shown_key,
+    unique_columns,
+    written_by_key,
+)
+from hermes_store.copy.tablesum import RowHasher, TableChecksum
+from hermes_store.errors import CopyRefused
 
 __all__ = [
     "MARKER_PREFIX",
@@ -58,9 +56,12 @@ __all__ = [
     "Run",
     "TableDiff",
     "compare_table",
+    "copied_table",
     "copied_tables",
     "count_rows",
     "is_own_key",
+    "key_columns",
+    "key_condition",
     "ordered_key",
     "own_filter",
     "parents_first",
@@ -69,33 +70,18 @@ __all__ = [
     "revisions",
     "rows_by_keys",
     "run_batches",
+    "self_references",
     "shown_key",
+    "unique_columns",
 ]
 
 #: Rows fetched at a time from either side.
 FETCH_ROWS = 2000
-#: state_meta keys of the copy's own bookkeeping.
-MARKER_PREFIX = "hermes_store.copy."
-#: state_meta keys that describe one database's own search index: each side keeps the
-#: value its own upgrade (or backfill) wrote; they are shown side by side, never copied.
-OWN_KEYS = frozenset({fts.LAYOUT_MARKER, "fts_optimize_available", fts.APPLICATION_MARKER})
-OWN_PREFIXES = ("hermes_store.", "messages_fts")
-#: Tables the target's own upgrade fills (no primary key to page by): compared, not copied.
-REVISION_TABLES = frozenset({"schema_version"})
-#: The collation that orders text by code point, per database (what Python compares by).
-CODE_POINT_COLLATION = {"sqlite": "BINARY", "postgresql": "C"}
 #: Tables whose triggers on the target rewrite other rows than the one written, and the
 #: column that bounds those rows: the display triggers (application schema 30) set the
 #: display_order / display_identity of a message's peers in its session when a message
 #: changes or goes. The copy compares those sessions again after writing.
 PEER_TRIGGERS = {"messages": "session_id"}
-#: Text that did not decode as UTF-8 reaches Python as lone surrogates (the source is read
-#: with ``errors="surrogateescape"``); valid UTF-8 never decodes to one.
-_UNPAIRED = re.compile("[\ud800-\udfff]")
-
-
-class CopyRefused(StoreError):
-    """The copy was refused; the target was left as it was (or as its last committed batch)."""
 
 
 @dataclass(frozen=True)
@@ -116,87 +102,6 @@ class CopyProgress:
     step: str = "copying"
 
 
-# --------------------------------------------------------------------------------------
-# Tables, keys and their order
-# --------------------------------------------------------------------------------------
-
-
-def read_only(conn: Connection) -> Connection:
-    """``conn`` with its transactions reading one snapshot (PostgreSQL: REPEATABLE READ,
-    read-only; a SQLite read transaction is a snapshot already)."""
-    if conn.dialect.name == "postgresql":
-        return conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-    return conn
-
-
-@contextlib.contextmanager
-def read_snapshot(engine: Engine) -> Iterator[Connection]:
-    """One read transaction: every statement in it reads the same snapshot."""
-    with engine.connect() as conn:
-        conn = read_only(conn)
-        with conn.begin():
-            yield conn
-
-
-def revisions(conn: Connection) -> tuple[str, ...]:
-    """The database's Alembic revisions (none when it has no version table)."""
-    names = set(inspect(conn).get_table_names())
-    if server.ALEMBIC_TABLE not in names:
-        return ()
-    rows = conn.execute(text(f"SELECT version_num FROM {server.ALEMBIC_TABLE}"))
-    return tuple(sorted(str(row[0]) for row in rows))
-
-
-def copied_tables() -> list[Table]:
-    """The models' tables in foreign-key order, without those the revisions fill."""
-    return [t for t in Base.metadata.sorted_tables if t.name not in REVISION_TABLES]
-
-
-def count_rows(conn: Connection, table: Table) -> int:
-    """The rows of ``table`` a copy compares (state_meta without each side's own keys)."""
-    query = select(func.count()).select_from(table)
-    where = own_filter(table)
-    if where is not None:
-        query = query.where(where)
-    return int(conn.execute(query).scalar_one())
-
-
-def is_own_key(key: str) -> bool:
-    """A state_meta key that belongs to one database's own index or to this copy."""
-    return key in OWN_KEYS or key.startswith(OWN_PREFIXES)
-
-
-def own_filter(table: Table) -> Any:
-    """WHERE clause that leaves out the state_meta keys each side keeps of its own."""
-    if table.name != "state_meta":
-        return None
-    key = table.c.key
-    conditions: list[ColumnElement[bool]] = [key.notin_(sorted(OWN_KEYS))]
-    conditions += [~key.startswith(prefix, autoescape=True) for prefix in OWN_PREFIXES]
-    return and_(*conditions)
-
-
-def key_columns(table: Table) -> list[Column[Any]]:
-    return list(table.primary_key.columns)
-
-
-def ordered_key(table: Table, dialect: str) -> list[ColumnElement[Any]]:
-    """The key columns as ORDER BY / comparison expressions in code point order."""
-    collation = CODE_POINT_COLLATION[dialect]
-    return [
-        column.collate(collation) if isinstance(column.type, String) else column
-        for column in key_columns(table)
-    ]
-
-
-def shown_key(table: Table, key: Sequence[Any]) -> str:
-    """A row's key for a message: ``id 17``, ``id '2025...'``, ``(a, b) ('x', 'y')``."""
-    names = [column.name for column in key_columns(table)]
-    if len(names) == 1:
-        return f"{names[0]} {key[0]!r}"
-    return f"({', '.join(names)}) {tuple(key)!r}"
-
-
 def _greater(order: list[ColumnElement[Any]], key: Sequence[Any]) -> ColumnElement[bool]:
     if len(order) == 1:
         single: ColumnElement[bool] = order[0] > key[0]
@@ -209,154 +114,6 @@ def _between(order: list[ColumnElement[Any]], run: Run) -> ColumnElement[bool]:
     if len(order) == 1:
         return and_(order[0] >= run.first[0], order[0] <= run.last[0])
     return and_(tuple_(*order) >= tuple_(*run.first), tuple_(*order) <= tuple_(*run.last))
-
-
-def _positions(table: Table) -> list[int]:
-    names = [column.name for column in table.columns]
-    return [names.index(column.name) for column in key_columns(table)]
-
-
-def self_references(table: Table) -> list[Column[Any]]:
-    """The columns of ``table`` that reference its own key (sessions.parent_session_id)."""
-    return [fk.parent for fk in table.foreign_keys if fk.column.table is table]
-
-
-def unique_columns(table: Table) -> list[Column[Any]]:
-    """Columns of unique indexes other than the key (sessions.title)."""
-    return [
-        column
-        for index in table.indexes
-        if index.unique
-        for column in index.columns
-        if isinstance(column, Column)
-    ]
-
-
-def written_by_key(table: Table) -> bool:
-    """Whether the rows to write are kept key by key (the table is small, and its rows must
-    go in an order of their own: parents first, or unique values freed first)."""
-    return bool(self_references(table) or unique_columns(table))
-
-
-# --------------------------------------------------------------------------------------
-# Checks of the source's rows
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A source value no target can hold as it is."""
-
-    table: str
-    column: str
-    key: str
-    what: str
-
-    def __str__(self) -> str:
-        return f"{self.table}.{self.column} of {self.key} {self.what}"
-
-
-def _kind(column: Column[Any]) -> tuple[str, tuple[type, ...]]:
-    """The column's SQL type as a word, and the Python types its values may have."""
-    kind = column.type
-    if isinstance(kind, LargeBinary):
-        return "BLOB", (bytes, memoryview)
-    if isinstance(kind, Float):
-        return "REAL", (float, int)
-    if isinstance(kind, Integer):
-        return "INTEGER", (int,)
-    if isinstance(kind, String):
-        return "TEXT", (str,)
-    return "ANY", (object,)
-
-
-_VALUE_KINDS = {str: "text", int: "an integer", float: "a real number", bytes: "a blob"}
-
-
-def _value_kind(value: Any) -> str:
-    for kind, word in _VALUE_KINDS.items():
-        if isinstance(value, kind):
-            return word
-    return type(value).__name__
-
-
-def _column_check(column: Column[Any]) -> Callable[[Any], str | None]:
-    word, accepted = _kind(column)
-    nullable = column.nullable or column.primary_key
-
-    def check(value: Any) -> str | None:
-        if value is None:
-            return None if nullable else "is NULL in a NOT NULL column"
-        if not isinstance(value, accepted) or isinstance(value, bool):
-            article = "an" if word[0] in "AEIOU" else "a"
-            return f"holds {_value_kind(value)} in {article} {word} column"
-        if isinstance(value, str) and not value.isascii() and _UNPAIRED.search(value):
-            return "is not valid UTF-8 text"
-        return None
-
-    return check
-
-
-class RowChecks:
-    """Checks every source row of a copy; collects what no target could hold."""
-
-    #: Problems named in the refusal (all are counted).
-    NAMED = 3
-
-    def __init__(self, tables: Sequence[Table]) -> None:
-        self.problems: list[Problem] = []
-        self.count = 0
-        self.referenced = {fk.column.table.name for t in tables for fk in t.foreign_keys}
-        self.keys: dict[str, set[Any]] = {}
-
-    def add(self, problem: Problem) -> None:
-        self.count += 1
-        if len(self.problems) < self.NAMED:
-            self.problems.append(problem)
-
-    def for_table(self, table: Table) -> Callable[[Row[Any]], None]:
-        """The check of one row of ``table`` (tables must come in foreign-key order)."""
-        checks = [(column.name, _column_check(column)) for column in table.columns]
-        positions = _positions(table)
-        outward = [
-            (fk.parent.name, fk.column.table.name)
-            for fk in table.foreign_keys
-            if fk.column.table is not table and fk.column.table.name in self.keys
-        ]
-        kept: set[Any] | None = None
-        if table.name in self.referenced and len(positions) == 1:
-            kept = self.keys.setdefault(table.name, set())
-
-        def check(row: Row[Any]) -> None:
-            shown: str | None = None
-            for (name, column_check), value in zip(checks, row, strict=True):
-                what = column_check(value)
-                if what is not None:
-                    shown = shown or shown_key(table, [row[i] for i in positions])
-                    self.add(Problem(table.name, name, shown, what))
-            mapping = row._mapping
-            for name, parent in outward:
-                value = mapping[name]
-                if value is not None and value not in self.keys[parent]:
-                    shown = shown or shown_key(table, [row[i] for i in positions])
-                    what = f"names {parent} {value!r}, which the source does not hold"
-                    self.add(Problem(table.name, name, shown, what))
-            if kept is not None:
-                kept.add(row[positions[0]])
-
-        return check
-
-    def refusal(self) -> CopyRefused | None:
-        """The one-line refusal naming the problems found, or None."""
-        if not self.count:
-            return None
-        named = "; ".join(str(problem) for problem in self.problems)
-        more = f" (and {self.count - len(self.problems)} more)" if self.count > self.NAMED else ""
-        return CopyRefused(
-            f"--from: {self.count} value(s) no database can take as they are: {named}{more}; "
-            "nothing was changed. Fix those rows in the source (the right type, valid UTF-8 "
-            "text, an existing parent), then run the same command again"
-        )
 
 
 # --------------------------------------------------------------------------------------
@@ -387,7 +144,7 @@ class TableDiff:
     updated: int = 0
     same: int = 0
     source_rows: int = 0
-    #: Both sides' checksums (``hermes_store.tablesum``: the sum of the row digests).
+    #: Both sides' checksums (``hermes_store.copy.tablesum``: the sum of the row digests).
     source_sum: int = 0
     target_sum: int = 0
     #: Values of the PEER_TRIGGERS column of rows updated or deleted (old and new).
@@ -423,7 +180,7 @@ def _keyed(
     tick: Callable[[], None],
 ) -> Iterator[_Keyed]:
     """(key, digest, row) of each row, checking that keys come in strictly rising order."""
-    positions = _positions(table)
+    positions = key_positions(table)
     hasher = RowHasher(table)
     previous: tuple[Any, ...] | None = None
     for row in rows:
@@ -455,7 +212,7 @@ def _with_own_filter(table: Table, where: Any) -> Any:
 def _side_rows(conn: Connection | None, table: Table, where: Any) -> Iterator[Row[Any]]:
     if conn is None:
         return iter(())
-    query = select(*table.columns).order_by(*ordered_key(table, conn.dialect.name))
+    query = select(*table.columns).order_by(*ordered_key(table, conn))
     where = _with_own_filter(table, where)
     if where is not None:
         query = query.where(where)
@@ -607,8 +364,8 @@ def run_batches(
 ) -> Iterator[list[Row[Any]]]:
     """The source rows of ``run``, ``size`` at a time, in key order (keyset pagination)."""
     where = _with_own_filter(table, where)
-    order = ordered_key(table, conn.dialect.name)
-    positions = _positions(table)
+    order = ordered_key(table, conn)
+    positions = key_positions(table)
     after: tuple[Any, ...] | None = None
     while True:
         query = select(*table.columns).where(_between(order, run)).order_by(*order).limit(size)
@@ -632,7 +389,7 @@ def key_condition(table: Table, keys: Sequence[Sequence[Any]]) -> ColumnElement[
 
 def rows_by_keys(conn: Connection, table: Table, keys: Sequence[tuple[Any, ...]]) -> list[Row[Any]]:
     """The rows of ``keys``, in the order of ``keys`` (those the database holds)."""
-    positions = _positions(table)
+    positions = key_positions(table)
     found = {
         tuple(row[i] for i in positions): row
         for row in conn.execute(select(*table.columns).where(key_condition(table, keys)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import re
 import shutil
@@ -17,24 +16,24 @@ from pathlib import Path
 from sqlalchemy import Connection, RootTransaction, bindparam, text
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store.declarations import APPLICATION_MARKER as APPLICATION_MARKER
+from hermes_store.declarations import APPLICATION_VIEW as APPLICATION_VIEW
+from hermes_store.declarations import LAYOUT_MARKER as LAYOUT_MARKER
+from hermes_store.declarations import SQLITE, TRIGRAM_INDEX, WORD_INDEX
 from hermes_store.engine import BEGIN_OPTION, create_store_engine, db_path, translate_error
 from hermes_store.errors import StoreError
-from hermes_store.revisions import fts_head
+from hermes_store.maintenance import CheckResult
+from hermes_store.sqlite.mechanism import CREATED
+from hermes_store.sqlite.mechanism import SearchObject as SearchObject
+from hermes_store.sqlite.mechanism import head_objects as head_objects
+from hermes_store.sqlite.mechanism import normalise_sql as normalise_sql
 
 log = logging.getLogger(__name__)
 
-WORD_INDEX = "messages_fts"
-TRIGRAM_INDEX = "messages_fts_trigram"
-INDEXES = (WORD_INDEX, TRIGRAM_INDEX)
-SOURCE_VIEW = "messages_fts_source"
-TRIGGERS = (
-    "messages_fts_insert",
-    "messages_fts_delete",
-    "messages_fts_update",
-    "messages_fts_trigram_insert",
-    "messages_fts_trigram_delete",
-    "messages_fts_trigram_update",
-)
+INDEXES = tuple(index.name for index in SQLITE.indexes)
+assert INDEXES == (WORD_INDEX, TRIGRAM_INDEX)
+SOURCE_VIEW = SQLITE.view
+TRIGGERS = tuple(name for index in SQLITE.indexes for name in index.trigger_names)
 
 
 def _declaration(conn: Connection, name: str) -> str | None:
@@ -52,13 +51,6 @@ def index_layout(conn: Connection, name: str) -> str:
         return "none"
     compact = sql.replace(" ", "").lower()
     return "external" if f"content='{SOURCE_VIEW}'" in compact else "inline"
-
-
-#: This package's record of the search layout in `state_meta` (written by the FTS branch).
-LAYOUT_MARKER = "hermes_store.fts_layout"
-#: The Hermes application's own newer search layout: its view and its layout marker.
-APPLICATION_VIEW = "messages_fts_src"
-APPLICATION_MARKER = "fts_storage_version"
 
 
 def is_application_layout(conn: Connection) -> bool:
@@ -128,12 +120,12 @@ def present_indexes(conn: Connection) -> list[str]:
 
 def staged_name(index: str) -> str:
     """The table an index is rebuilt in, beside the legacy one: ``messages_fts_next``."""
-    return index + str(fts_head().STAGED_SUFFIX)
+    return index + SQLITE.staged_suffix
 
 
 def retired_name(index: str) -> str:
     """The name a swapped-out legacy index keeps until it is dropped."""
-    return index + str(fts_head().RETIRED_SUFFIX)
+    return index + SQLITE.retired_suffix
 
 
 def logical_index(table: str) -> str:
@@ -162,7 +154,7 @@ def staged_indexes(conn: Connection) -> dict[str, str]:
 
 def retired_copy_name(index: str) -> str:
     """The name an in-place conversion gives the text copy it sets aside."""
-    return index + str(fts_head().RETIRED_COPY_SUFFIX)
+    return index + SQLITE.retired_copy_suffix
 
 
 def retired_indexes(conn: Connection) -> list[str]:
@@ -170,26 +162,6 @@ def retired_indexes(conn: Connection) -> list[str]:
     whose pages are not freed yet (dropped in short steps by the backfill and optimize)."""
     names = [name(index) for index in INDEXES for name in (retired_name, retired_copy_name)]
     return sorted(_tables_named(conn, names))
-
-
-@dataclass
-class CheckResult:
-    """Outcome of the integrity checks: what was checked and what is broken."""
-
-    checked: list[str] = field(default_factory=list)
-    problems: dict[str, str] = field(default_factory=dict)
-    #: Indexes not checked because a deferred backfill has not filled them yet.
-    skipped: dict[str, str] = field(default_factory=dict)
-    #: Where the FTS5 checks ran: "snapshot" (a private copy: the store's write lock is never
-    #: taken) or "live" (each check a short write transaction on the store).
-    fts_checked_on: str = "live"
-    #: The longest time one of the checks held the store's write lock, in seconds.
-    longest_write_lock_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """True when every check passed."""
-        return not self.problems
 
 
 def begin_writing(conn: Connection) -> RootTransaction:
@@ -428,7 +400,7 @@ def missing_shadow_tables(conn: Connection, name: str) -> list[str]:
     """The shadow tables FTS5 creates for ``name``'s declaration that the store lacks (the
     declaration is tried on a temporary table: the list is FTS5's, not this package's)."""
     declaration = _declaration(conn, name)
-    match = _CREATED.match(declaration or "")
+    match = CREATED.match(declaration or "")
     if declaration is None or match is None:
         return []
     probe = declaration[: match.start(1)] + f"temp.{_PROBE}" + declaration[match.end(1) :]
@@ -503,104 +475,25 @@ def recreate_index(conn: Connection, name: str, declaration: str) -> None:
 
 
 # -- the search mechanism: the view, both declarations and the six triggers -----------------
-# What they must be is read from the newest revision of the FTS branch (`fts_head()`), never
-# copied here. The Hermes application's FTS "recovery" (after an open on a SQLite without
-# FTS5 dropped the triggers) re-creates the triggers with their INLINE-layout bodies and
-# refills the indexes with `DELETE FROM` + `INSERT ... SELECT`: on external content both
-# damage the index, and so does every later delete or update through those triggers.
+# What they must be is the search layout's snapshot (`declarations.SQLITE`, see
+# `mechanism.head_objects`). The Hermes application's FTS "recovery" (after an open on a
+# SQLite without FTS5 dropped the triggers) re-creates the triggers with their INLINE-layout
+# bodies and refills the indexes with `DELETE FROM` + `INSERT ... SELECT`: on external
+# content both damage the index, and so does every later delete or update through them.
 
 #: Why one object of the search mechanism is wrong.
 MISSING = "missing"
 INLINE_BODY = "inline-layout body (the Hermes application's FTS recovery re-created it)"
 DIFFERS = "differs from this package's definition"
 
-_CREATED = re.compile(
-    r"\s*CREATE\s+(?:VIRTUAL\s+|UNIQUE\s+)?(?:TABLE|VIEW|TRIGGER|INDEX)\s+"
-    r"(?:IF\s+NOT\s+EXISTS\s+)?([\w\"'`\[\]]+)",
-    re.IGNORECASE,
-)
-_IF_NOT_EXISTS = re.compile(
-    r"^(CREATE (?:VIRTUAL |UNIQUE )?(?:TABLE|VIEW|TRIGGER|INDEX)) IF NOT EXISTS ", re.I
-)
 _SCHEMA_OBJECTS = (
     "SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger')"
 )
 
 
-def normalise_sql(sql: str) -> str:
-    """DDL as compared here: whitespace runs collapsed, no `IF NOT EXISTS`, no final `;`,
-    the created name unquoted (SQLite quotes it when ALTER TABLE renames the object)."""
-    sql = _IF_NOT_EXISTS.sub(r"\1 ", " ".join(sql.split()).rstrip(";").rstrip())
-    match = _CREATED.match(sql)
-    if match is not None:
-        sql = sql[: match.start(1)] + match.group(1).strip("\"'`[]") + sql[match.end(1) :]
-    return sql
-
-
-def _created_name(sql: str) -> str:
-    """The name a CREATE statement gives its object."""
-    match = _CREATED.match(sql)
-    if match is None:
-        raise ValueError(f"not a CREATE TABLE / VIEW / TRIGGER / INDEX statement: {sql[:60]!r}")
-    return match.group(1).strip("\"'`[]")
-
-
-@dataclass(frozen=True)
-class SearchObject:
-    """One object of the search mechanism, as the FTS branch's newest revision creates it."""
-
-    kind: str  # 'view', 'table' (an FTS5 declaration) or 'trigger'
-    name: str
-    sql: str
-    #: The index it writes or declares; None for the view, which both indexes read.
-    index: str | None = None
-    #: For a trigger: the inline-layout body the legacy application gives that name.
-    legacy_sql: str | None = None
-    #: Only its presence is checked: a legacy index kept serving while it is rebuilt beside
-    #: itself, and its triggers (their bodies vary with the application's version).
-    presence_only: bool = False
-
-    @property
-    def label(self) -> str:
-        """How checks and repairs name it: ``"trigger messages_fts_delete"``."""
-        return f"{self.kind} {self.name}"
-
-
-@functools.cache
-def head_objects(
-    staged: frozenset[str] = frozenset(), display_triggers: bool = False
-) -> tuple[SearchObject, ...]:
-    """The view, then each index's declaration and three triggers, from `fts_head()`.
-
-    For an index in ``staged`` (being rebuilt beside itself): the legacy table and its
-    legacy triggers (presence only; ``display_triggers``: the application's schema 30 or
-    later, whose update trigger is its narrow one), then the staged declaration and triggers.
-    """
-    head = fts_head()
-    objects = [SearchObject("view", str(head.VIEW), str(head.MESSAGES_FTS_SOURCE_VIEW))]
-    for index in INDEXES:
-        if index in staged:
-            objects.append(
-                SearchObject("table", index, str(head.INLINE_TABLES[index]), index, None, True)
-            )
-            for sql in head.legacy_triggers(index, display_triggers):
-                objects.append(SearchObject("trigger", _created_name(sql), sql, index, None, True))
-            name = staged_name(index)
-            objects.append(SearchObject("table", name, str(head.STAGED_TABLES[index]), index))
-            for sql in head.STAGED_TRIGGERS[index]:
-                objects.append(SearchObject("trigger", _created_name(sql), str(sql), index))
-            continue
-        objects.append(SearchObject("table", index, str(head.EXTERNAL_TABLES[index]), index))
-        ddl = {_created_name(sql): str(sql) for sql in head.EXTERNAL_TRIGGERS[index]}
-        legacy = {_created_name(sql): str(sql) for sql in head.LEGACY_TRIGGERS[index]}
-        for name in head.TRIGGER_NAMES[index]:
-            objects.append(SearchObject("trigger", name, ddl[name], index, legacy.get(name)))
-    return tuple(objects)
-
-
 @dataclass
 class MechanismCheck:
-    """How a store's search mechanism compares with the FTS branch's newest revision."""
+    """How a store's search mechanism compares with the search layout's snapshot."""
 
     #: Why nothing was checked (the indexes are not in this package's layout), else None.
     skipped: str | None = None
@@ -686,7 +579,7 @@ def _compare(obj: SearchObject, found: tuple[str, str | None] | None) -> str | N
 
 
 def check_mechanism(conn: Connection, *, probe_trigram: bool = True) -> MechanismCheck:
-    """Compare the view, both declarations and the six triggers with `fts_head()`'s DDL.
+    """Compare the view, both declarations and the six triggers with the snapshot's DDL.
 
     Only stores in this package's external layout are checked: inline (legacy) indexes and
     the Hermes application's own newer layout are skipped, with the reason. The trigram
@@ -712,7 +605,7 @@ def check_mechanism(conn: Connection, *, probe_trigram: bool = True) -> Mechanis
             "package's; its search mechanism was not checked"
         )
     ours = (
-        meta.get(LAYOUT_MARKER) == "external"
+        meta.get(LAYOUT_MARKER) == SQLITE.marker
         or head_objects()[0].name in master
         or _is_external(master.get(WORD_INDEX, ("", None))[1])
     )
@@ -775,13 +668,13 @@ def _drop(conn: Connection, name: str) -> None:
 def restore_mechanism(
     conn: Connection, *, rebuild: bool = True, exclude: Collection[str] = ()
 ) -> MechanismRestore:
-    """Re-create what :func:`check_mechanism` finds wrong from `fts_head()`'s DDL; rebuild.
+    """Re-create what :func:`check_mechanism` finds wrong from the snapshot's DDL; rebuild.
 
     Runs in the caller's write transaction. Wrong objects are dropped (triggers first) and
     created again: the view, a wrong declaration (its index is refilled: the text lives in
     `messages`), then the triggers. Every index whose triggers or declaration were wrong, or
     whose FTS5 integrity check (rank 1) fails afterwards, is dropped whole and declared
-    again from `fts_head()` (:func:`recreate_index`: damaged shadow tables may keep FTS5
+    again from the snapshot (:func:`recreate_index`: damaged shadow tables may keep FTS5
     from opening it at all), then rebuilt from the view (FTS5 'rebuild') and merged
     ('optimize'). Indexes in ``exclude`` (a deferred backfill pending) are not checked;
     those of them, and with ``rebuild=False`` all of them, that need refilling are left

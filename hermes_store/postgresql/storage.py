@@ -1,6 +1,6 @@
 """Where the bytes go on PostgreSQL: every table and index of the store, grouped.
 
-The counterpart of :mod:`hermes_store.storage` (which reads SQLite's `dbstat`): the server
+The counterpart of :mod:`hermes_store.sqlite.storage` (which reads SQLite's `dbstat`): the server
 gives each table's bytes (heap, TOAST, free-space and visibility maps: `pg_table_size`)
 and each index's (`pg_relation_size`). The report also carries what shows that the
 message text is stored once there: no tsvector column, no table beside the models' own
@@ -13,11 +13,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 
-from hermes_store.fts import INDEXES
-from hermes_store.server import facts, foreign_tables, relations
-from hermes_store.storage import FTS_COPIES, FTS_INDEX, GROUPS, MESSAGE_DATA, OTHER
+from hermes_store.declarations import TRIGRAM_INDEX, WORD_INDEX
+from hermes_store.maintenance import (
+    FTS_COPIES,
+    FTS_INDEX,
+    GROUPS,
+    MESSAGE_DATA,
+    OTHER,
+    Table,
+    View,
+    human_bytes,
+)
+from hermes_store.postgresql.migration import facts, foreign_tables, relations
+
+#: The two search indexes, named as on SQLite (the same names on both databases).
+INDEXES = (WORD_INDEX, TRIGRAM_INDEX)
 
 #: The group the search indexes are filed under (the SQLite report's "FTS index data").
 SEARCH_INDEX = FTS_INDEX
@@ -60,6 +72,62 @@ class ServerStorageReport:
             "total_bytes": self.total_bytes,
             "text_stored_once": self.text_stored_once,
         }
+
+    def _by_size(self) -> list[tuple[str, int]]:
+        return sorted(self.objects.items(), key=lambda item: (-item[1], item[0]))
+
+    def records(self) -> Table:
+        """One record per table and index, largest first, with its kind."""
+        return Table(
+            [
+                {"object": name, "kind": self.kinds[name], "bytes": size}
+                for name, size in self._by_size()
+            ],
+            ("object", "kind", "bytes"),
+        )
+
+    def view(self) -> View:
+        """The groups, whether the text is stored once, the search indexes, the largest
+        objects."""
+        total = self.total_bytes or 1
+        rows: list[dict[str, Any]] = [
+            {"group": group, "size": human_bytes(size), "share": f"{size / total:.1%}"}
+            for group in GROUPS
+            for size in [self.groups.get(group, 0)]
+        ]
+        rows.append({"group": "tables and indexes", "size": human_bytes(self.total_bytes)})
+        rows.append({"group": "database", "size": human_bytes(self.database_bytes)})
+        shown: View = [
+            Table(
+                rows,
+                ("group", "size", "share"),
+                title=f"layout: {self.layout} (PostgreSQL database {self.database})",
+                right=("size", "share"),
+            )
+        ]
+        if self.text_stored_once:
+            shown.append(
+                "message text stored once, in messages: no tsvector column, no copy table; "
+                "search uses expression indexes over it"
+            )
+        else:
+            found = [f"tsvector column {name}" for name in self.tsvector_columns]
+            found += [f"table {name}" for name in self.other_tables]
+            shown.append(f"not only the store's tables here: {', '.join(found)}")
+        for name in INDEXES:
+            size = self.search_indexes.get(name)
+            shown.append(f"search index {name}: {'missing' if size is None else human_bytes(size)}")
+        shown.append(
+            Table(
+                [
+                    {"object": name, "kind": self.kinds[name], "size": human_bytes(size)}
+                    for name, size in self._by_size()[:15]
+                ],
+                ("object", "kind", "size"),
+                right=("size",),
+            )
+        )
+        return shown
 
 
 def classify(name: str, table: str) -> str:
@@ -113,6 +181,12 @@ def server_storage_report(conn: Connection) -> ServerStorageReport:
     return report
 
 
+def report_of(engine: Engine) -> ServerStorageReport:
+    """:func:`server_storage_report` of the store an engine opens."""
+    with engine.connect() as conn:
+        return server_storage_report(conn)
+
+
 __all__ = [
     "FTS_COPIES",
     "MESSAGE_DATA",
@@ -120,6 +194,7 @@ __all__ = [
     "SEARCH_INDEX",
     "ServerStorageReport",
     "classify",
+    "report_of",
     "server_storage_report",
     "tsvector_columns",
 ]

@@ -5,12 +5,13 @@ server, which keeps its own pages consistent: every index of the store valid and
 (a `CREATE INDEX CONCURRENTLY` or `REINDEX CONCURRENTLY` that was interrupted leaves an
 invalid one that the planner ignores), every index and trigger the store's revisions
 declare present (see `declared`), the search extensions and functions present with the
-definitions the fts1 revision creates, both search indexes present over exactly its
-expression, the display triggers with revision 30's functions, and, when the server has
-the `amcheck` extension installed, each B-tree index verified against its table's order.
+definitions the search layout's revision creates, both search indexes present over exactly
+its expression, the display triggers with their functions, and, when the server has the
+`amcheck` extension installed, each B-tree index verified against its table's order.
 
-The expected objects are read from the revisions themselves (never restated here), so
-the check cannot drift from what an upgrade builds.
+The expected objects are the typed snapshots of `hermes_store.declarations` (the search
+layout SQLite's check expects too, and the display triggers of the store's application
+version); a test proves each equal to what its revision creates.
 """
 
 from __future__ import annotations
@@ -19,22 +20,30 @@ import contextlib
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import ModuleType
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store.declarations import (
+    POSTGRESQL,
+    POSTGRESQL_TRIGGERS,
+    TRIGRAM_INDEX,
+    WORD_INDEX,
+    postgresql_triggers,
+)
 from hermes_store.declared import Declared, declared_objects, newest_app_version
 from hermes_store.engine import translate_error
 from hermes_store.errors import StoreError
-from hermes_store.fts import INDEXES, CheckResult
-from hermes_store.maintenance import RepairResult
-from hermes_store.revisions import FTS_EXTERNAL_REVISION, fts_conversion, script_directory
-from hermes_store.server import facts
-from hermes_store.server_maintenance import store_tables
+from hermes_store.maintenance import CheckResult, RepairResult
+from hermes_store.postgresql.maintenance import store_tables
+from hermes_store.postgresql.migration import facts
+from hermes_store.revisions import script_directory
 
-#: The revision that creates the display triggers (on PostgreSQL, a function each).
-DISPLAY_REVISION = "30"
+#: The two search indexes, named as on SQLite (the same names on both databases).
+INDEXES = (WORD_INDEX, TRIGRAM_INDEX)
+
+#: The application schema version whose revision first creates the display triggers.
+DISPLAY_VERSION = POSTGRESQL_TRIGGERS[0].app_version
 #: The extension whose bt_index_check verifies B-tree indexes, when installed.
 AMCHECK = "amcheck"
 AMCHECK_ITEM = "amcheck"
@@ -44,7 +53,7 @@ LEFTOVER_COPY = re.compile(r"_cc(new|old)\d*$")
 
 @dataclass(frozen=True)
 class Expected:
-    """The search and display objects the revisions create on PostgreSQL."""
+    """The search and display objects a PostgreSQL store at head must have."""
 
     extensions: tuple[str, ...]
     #: "name(args)" -> CREATE FUNCTION DDL, with {schema} for unaccent's schema.
@@ -58,23 +67,19 @@ class Expected:
     layout: str
 
 
-def _display_revision() -> ModuleType:
-    script = script_directory().get_revision(DISPLAY_REVISION)
-    assert script is not None
-    return script.module
-
-
-def expected() -> Expected:
-    """What the fts1 and 30 revisions create on PostgreSQL."""
-    fts1 = fts_conversion()
-    display = _display_revision()
+def expected(app_version: int | None = None) -> Expected:
+    """The search layout's objects, and the display triggers of application schema
+    ``app_version`` (None: the newest this package declares)."""
+    version = POSTGRESQL_TRIGGERS[-1].app_version if app_version is None else app_version
+    display = postgresql_triggers(version)
+    triggers = display.triggers if display is not None else ()
     return Expected(
-        extensions=tuple(fts1.POSTGRESQL_EXTENSIONS),
-        functions=fts1.POSTGRESQL_FUNCTIONS,
-        indexes=fts1.POSTGRESQL_INDEXES,
-        display_functions=display.POSTGRESQL_DISPLAY_FUNCTIONS,
-        display_triggers=display.POSTGRESQL_DISPLAY_TRIGGERS,
-        layout=str(fts1.LAYOUT_POSTGRESQL),
+        extensions=POSTGRESQL.extensions,
+        functions=POSTGRESQL.functions,
+        indexes=POSTGRESQL.indexes,
+        display_functions={trigger.name: trigger.function_sql for trigger in triggers},
+        display_triggers={trigger.name: trigger.trigger_sql for trigger in triggers},
+        layout=POSTGRESQL.marker,
     )
 
 
@@ -197,22 +202,23 @@ def check_server(conn: Connection, *, quick: bool = False) -> CheckResult:
 
     Items are named like the SQLite check's ("index messages_fts", "function
     hermes_search_words(text)", "trigger messages_display_order_insert"). The search
-    objects are expected once the store has run fts1, the display triggers once it has
-    run 30; before, they are listed as not checked. ``quick`` skips the amcheck
-    verification of B-tree indexes, the one check that reads them whole.
+    objects are expected once the store has run the search layout's revision, the display
+    triggers once it is at an application version that declares them; before, they are
+    listed as not checked. ``quick`` skips the amcheck verification of B-tree indexes, the
+    one check that reads them whole.
     """
-    want = expected()
     report = _Report()
     applied = applied_revisions(conn)
+    want = expected(newest_app_version(applied))
     tables = store_tables(conn)
     schema = str(conn.execute(text("SELECT current_schema()")).scalar_one())
     sources = _function_sources(conn)
     indexes = _indexes(conn, tables)
-    if FTS_EXTERNAL_REVISION in applied:
+    if POSTGRESQL.revision in applied:
         _check_search(conn, want, report, sources, indexes, schema)
     else:
         report.result.skipped["search indexes"] = (
-            f"the store has not run revision {FTS_EXTERNAL_REVISION}, which creates them: "
+            f"the store has not run revision {POSTGRESQL.revision}, which creates them: "
             "run `hermes-store upgrade`"
         )
     declared = declared_at(applied)
@@ -227,7 +233,7 @@ def check_server(conn: Connection, *, quick: bool = False) -> CheckResult:
         _check_display(conn, want, report, sources, triggers)
     else:
         report.result.skipped["display triggers"] = (
-            f"the store is below application schema {DISPLAY_REVISION}, which creates them"
+            f"the store is below application schema {DISPLAY_VERSION}, which creates them"
         )
     _check_btrees(conn, report, indexes, quick=quick)
     if conn.in_transaction():
@@ -243,7 +249,7 @@ def _check_search(
     indexes: Mapping[str, tuple[str, bool, bool, str]],
     schema: str,
 ) -> None:
-    """The layout marker, extensions, functions and indexes of revision fts1."""
+    """The layout marker, extensions, functions and indexes of the search layout."""
     _revisions, _version, layout = facts(conn)
     report(
         "search layout",
@@ -268,7 +274,9 @@ def _check_search(
         elif unaccent is None and "{schema}" in create:
             problem = None  # cannot be compared without unaccent, reported above
         elif _normal(found[0]) != function_body(ddl(create, unaccent or "")):
-            problem = "its definition differs from the one the fts1 revision creates"
+            problem = (
+                f"its definition differs from the one the {POSTGRESQL.revision} revision creates"
+            )
         elif found[1] != "i":
             problem = "not IMMUTABLE: an index expression cannot use it"
         report(f"function {signature}", problem)
@@ -278,7 +286,8 @@ def _check_search(
             problem = "missing: search falls back to reading every message"
         elif index_expression(found_index[0], schema) != index_expression(ddl(create), schema):
             problem = (
-                f"not over the search expression of the fts1 revision ({_normal(found_index[0])})"
+                f"not over the search expression of the {POSTGRESQL.revision} revision"
+                f" ({_normal(found_index[0])})"
             )
         else:
             problem = _validity(found_index[1], found_index[2])
@@ -298,7 +307,7 @@ def _check_display(
     sources: Mapping[str, tuple[str, str]],
     names: list[str],
 ) -> None:
-    """Each trigger the store's revisions declare, with its function (revision 30's)."""
+    """Each trigger the store's revisions declare, with its function."""
     triggers = _triggers(conn)
     for name in names:
         create = want.display_functions.get(name)
@@ -310,7 +319,7 @@ def _check_display(
         elif body is None:
             problem = "its function is missing"
         elif _normal(body[0]) != function_body(ddl(create)):
-            problem = "its function differs from the one revision 30 creates"
+            problem = "its function differs from the one its revision creates"
         elif trigger is None:
             problem = "missing: display orders are no longer kept"
         elif trigger[0] == "D":
@@ -368,10 +377,11 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
     search index and display trigger from its revision's DDL, then check again. Writes are
     never blocked: index builds run CONCURRENTLY. An index the rows refuse (a unique one
     they violate) is named in ``not_repaired`` and the rest goes on."""
-    want = expected()
     with engine.connect() as conn:
         before = check_server(conn, quick=quick)
-        declared = {obj.label: obj for obj in declared_at(applied_revisions(conn))}
+        applied = applied_revisions(conn)
+        declared = {obj.label: obj for obj in declared_at(applied)}
+    want = expected(newest_app_version(applied))
     result = RepairResult(before=before, after=before)
     if before.ok:
         return result
@@ -397,7 +407,9 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
             # and built again from the revision's DDL, without blocking writes.
             auto.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
             auto.execute(text(ddl(create)))
-            result.repaired[name] = "built again from the fts1 revision's definition"
+            result.repaired[name] = (
+                f"built again from the {POSTGRESQL.revision} revision's definition"
+            )
         for item, problem in problems.items():
             name = item.removeprefix("index ")
             if not item.startswith("index ") or name in want.indexes:
@@ -487,10 +499,17 @@ def _server_errors() -> Iterator[None]:
         ) from None
 
 
+def check_of(engine: Engine, *, quick: bool = False) -> CheckResult:
+    """:func:`check_server` of the store an engine opens."""
+    with engine.connect() as conn:
+        return check_server(conn, quick=quick)
+
+
 __all__ = [
     "AMCHECK",
     "Expected",
     "applied_revisions",
+    "check_of",
     "check_server",
     "concurrently",
     "ddl",

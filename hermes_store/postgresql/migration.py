@@ -11,16 +11,26 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, inspect, text
 
-from hermes_store import fts
 from hermes_store.engine import create_store_engine, display_url
 from hermes_store.errors import StoreBusy, StoreError
+from hermes_store.migrate.state import (
+    Admit,
+    Request,
+    Session,
+    StoreState,
+    Target,
+    deleting_data_refused,
+)
 from hermes_store.models import Base
+from hermes_store.progress import Report
+from hermes_store.revisions import head_revision
+from hermes_store.sqlite import fts
 
 #: pg_advisory_lock key held while revisions run ("hermes" in ASCII, then 1).
 UPGRADE_LOCK_KEY = 0x6865726D657301
@@ -110,16 +120,6 @@ def held_rows(conn: Connection) -> dict[str, int]:
     return counts
 
 
-def deleting_data_refused(held: dict[str, int], how: str, backup: str = "") -> StoreError:
-    """The refusal of a downgrade to base that would delete the conversations ``held``
-    (SQLite's and PostgreSQL's alike; ``backup`` says how to back up, when not obvious)."""
-    return StoreError(
-        "a downgrade to base drops every table: it would delete "
-        f"{held.get('sessions', 0)} session(s) and {held.get('messages', 0)} message(s). "
-        f"Nothing was changed. If that is what you want, back up first{backup}, then run {how}"
-    )
-
-
 def refuse_deleting_data(conn: Connection, how: str) -> None:
     """Refuse a downgrade to base of a database that holds conversations."""
     held = held_rows(conn)
@@ -127,48 +127,80 @@ def refuse_deleting_data(conn: Connection, how: str) -> None:
         raise deleting_data_refused(held, how, " (pg_dump)")
 
 
-def run_revisions(
-    url: str,
-    run: Callable[..., None],
-    *,
-    runs_revisions: bool,
-    deletes_data_ok: bool,
-    destination: str | None,
-    how: str,
-    lock_timeout: int = MIGRATION_LOCK_TIMEOUT_MS,
-    **overrides: Any,
-) -> None:
-    """What env.py does online on PostgreSQL: connect, lock, check, run ``run``.
-
-    A revision that cannot get a lock within ``lock_timeout`` ms fails as StoreBusy, one
-    line; its transaction is rolled back (the revisions before it stay applied).
-    """
-    engine = create_store_engine(url, create=runs_revisions)
+@contextlib.contextmanager
+def migration_connection(request: Request, admit: Admit, report: Report) -> Iterator[Session]:
+    """Connect, take the upgrade lock, refuse a database someone else owns, classify it and
+    let the workflow ``admit`` it; then the revisions run on this connection."""
+    timeout = lock_timeout_ms(request.x)
+    engine = create_store_engine(request.target.url, create=request.upgrading)
     try:
-        with engine.connect() as conn:
-            if not runs_revisions:
-                run(conn)
-                return
-            with upgrade_lock(conn, timeout_ms=lock_timeout):
-                refuse_foreign_database(conn)
-                if destination is None and not deletes_data_ok:
-                    refuse_deleting_data(conn, how)
-                # Each revision runs in a transaction of its own (Alembic begins it), and
-                # fts1 builds its indexes outside any (CONCURRENTLY).
-                if conn.in_transaction():
-                    conn.commit()
-                try:
-                    run(conn, **overrides)
-                except StoreBusy as exc:  # the engine's translation of lock_not_available
-                    raise StoreBusy(
-                        f"a revision waited {lock_timeout / 1000:g} s for a lock another "
-                        "session holds (a long transaction on the store's tables) and "
-                        "gave up, so that the agent's writes were not queued behind it; "
-                        "that revision was rolled back. Retry when the store is quieter, "
-                        f"or wait longer with -x {LOCK_TIMEOUT_X}=N"
-                    ) from exc
+        with engine.connect() as conn, upgrade_lock(conn, timeout_ms=timeout):
+            refuse_foreign_database(conn)
+            state = _state(conn)
+            admit(state, lambda how: refuse_deleting_data(conn, how))
+            # Each revision runs in a transaction of its own (Alembic begins it), and fts1
+            # builds its indexes outside any (CONCURRENTLY).
+            if conn.in_transaction():
+                conn.commit()
+            yield Session(conn, state)
     finally:
         engine.dispose()
+
+
+@contextlib.contextmanager
+def around_revisions(
+    conn: Connection, request: Request, report: Report
+) -> Iterator[dict[str, str]]:
+    """A revision that cannot get a lock within the lock timeout fails as StoreBusy, one
+    line; its transaction is rolled back (the revisions before it stay applied)."""
+    timeout = lock_timeout_ms(request.x)
+    try:
+        yield {}
+    except StoreBusy as exc:  # the engine's translation of lock_not_available
+        raise StoreBusy(
+            f"a revision waited {timeout / 1000:g} s for a lock another "
+            "session holds (a long transaction on the store's tables) and "
+            "gave up, so that the agent's writes were not queued behind it; "
+            "that revision was rolled back. Retry when the store is quieter, "
+            f"or wait longer with -x {LOCK_TIMEOUT_X}=N"
+        ) from exc
+
+
+def _state(conn: Connection) -> StoreState:
+    """The classification of a database: never a legacy store (the revisions made it)."""
+    revisions, version, _layout = facts(conn)
+    kind = "alembic" if revisions else "new"
+    return StoreState(None, kind, version, revisions)
+
+
+def classify(url: str) -> StoreState:
+    """Where the database is, read without writing."""
+    engine = create_store_engine(url, create=False)
+    try:
+        with engine.connect() as conn:
+            return _state(conn)
+    finally:
+        engine.dispose()
+
+
+def describe(conn: Connection) -> dict[str, Any]:
+    """`current` on PostgreSQL: the revision fields, and each search index's state."""
+    from hermes_store.postgresql.check import search_index_states
+
+    revisions, version, layout = facts(conn)
+    states = search_index_states(conn)
+    return {
+        "database": display_url(conn.engine.url.render_as_string(hide_password=False)),
+        "revision": ", ".join(revisions) or None,
+        "legacy_schema": version,
+        "head": head_revision(),
+        "fts_layout": layout,
+        "fts_indexes": {
+            name: layout if state != "missing" else "missing" for name, state in states.items()
+        },
+        "search_indexes": states,
+        "backfill": {},
+    }
 
 
 def facts(conn: Connection) -> tuple[tuple[str, ...], int | None, str]:
@@ -225,3 +257,14 @@ def relations(conn: Connection) -> list[Relation]:
     return [
         Relation(str(name), str(kind), str(table), int(size)) for name, kind, table, size in rows
     ]
+
+
+@contextlib.contextmanager
+def store_connection(target: Target) -> Iterator[Connection]:
+    """A connection to the database (nothing created)."""
+    engine = create_store_engine(target.url, create=False)
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()

@@ -8,18 +8,18 @@ import heapq
 import re
 import sqlite3
 import unicodedata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import ColumnElement, LargeBinary, String, and_, bindparam, false, func, or_, select
-from sqlalchemy.engine import Connection
 
-from hermes_store import fts
-from hermes_store.search.context import _chunks
-from hermes_store.search.query import TRIGRAM_INDEX, WORD_INDEX, _escape_like, _Route
-from hermes_store.search.schema import _RESULT_COLUMNS, _filter_criteria, _Filters, _m, _s
-
-if TYPE_CHECKING:
-    from hermes_store.search.sqlite import _Runner, _State
+from hermes_store.prepared import Prepared
+from hermes_store.search.context import chunks
+from hermes_store.search.query import TRIGRAM_INDEX, WORD_INDEX, Route, escape_like
+from hermes_store.search.schema import RESULT_COLUMNS, RESULT_KEYS, Filters, M, S, filter_criteria
+from hermes_store.sqlite import fts
+from hermes_store.sqlite.search_reading import TOKENIZERS
+from hermes_store.sqlite.search_snippets import cheap_bytes, snippets_of
+from hermes_store.sqlite.search_state import Runner, State
 
 # -- a deferred backfill in progress --------------------------------------------------------
 # While `optimize-storage` has not yet indexed the ids (indexed_upto, high_water] of an
@@ -41,7 +41,6 @@ _QUOTED = re.compile(r'"(?:[^"]|"")*"')
 _FTS_OPERATORS = frozenset({"AND", "OR", "NOT"})  # bare NEAR without "(" is a plain term
 _PENDING_TABLE = "hermes_pending_rows"
 _PENDING_MATCH = "hermes_pending_match"
-_TOKENIZERS = {WORD_INDEX: "", TRIGRAM_INDEX: ", tokenize='trigram'"}
 
 
 def _fold(text: str) -> str:
@@ -64,7 +63,7 @@ def _markers() -> tuple[str, ...]:
     return tuple(f"{table}.backfill_{marker}" for table in tables for marker in markers)
 
 
-def _pending_ranges(on: _Runner, state: _State) -> dict[str, tuple[int, int]]:
+def pending_ranges(on: Runner, state: State) -> dict[str, tuple[int, int]]:
     """Index -> (indexed_upto, high_water) of each unfinished deferred backfill.
 
     The markers in `state_meta` are read again only when the database may have changed
@@ -92,7 +91,7 @@ def _pending_ranges(on: _Runner, state: _State) -> dict[str, tuple[int, int]]:
     return state.pending
 
 
-def _candidate_terms(route: _Route) -> tuple[list[str], bool]:
+def _candidate_terms(route: Route) -> tuple[list[str], bool]:
     """Folded substrings of the rows matching the route, and whether each row has all of them.
 
     When the MATCH expression has no bare OR / NOT, every term is required; otherwise every
@@ -117,8 +116,8 @@ def _candidate_terms(route: _Route) -> tuple[list[str], bool]:
     return list(dict.fromkeys(t for t in terms if t)), require_all
 
 
-def _pending_hits(
-    conn: Connection, route: _Route, filters: _Filters, bounds: tuple[int, int]
+def pending_hits(
+    on: Runner, route: Route, filters: Filters, bounds: tuple[int, int]
 ) -> list[dict[str, Any]]:
     """Rows of the not-yet-indexed range that match the route, with rank and snippet."""
     assert route.index is not None
@@ -127,11 +126,11 @@ def _pending_hits(
         return []
     low, high = bounds
     expression = (
-        func.coalesce(_m.c.content, "")
+        func.coalesce(M.c.content, "")
         + " "
-        + func.coalesce(_m.c.tool_name, "")
+        + func.coalesce(M.c.tool_name, "")
         + " "
-        + func.coalesce(_m.c.tool_calls, "")
+        + func.coalesce(M.c.tool_calls, "")
     )
     # LIKE decides for plain ASCII rows (none of them folds to a non-ASCII term); the
     # others are tested on their folded text, in Python.
@@ -140,13 +139,11 @@ def _pending_hits(
     if ascii_terms and (len(ascii_terms) == len(terms) or not require_all):
         by_like = (and_ if require_all else or_)(
             *(
-                expression.like(
-                    bindparam("term", f"%{_escape_like(t)}%", String, unique=True), "\\"
-                )
+                expression.like(bindparam("term", f"%{escape_like(t)}%", String, unique=True), "\\")
                 for t in ascii_terms
             )
         )
-    raw: Any = getattr(conn.connection, "driver_connection", None)
+    raw: Any = on.driver
     functions = hasattr(raw, "create_function")
     if functions:
 
@@ -166,17 +163,17 @@ def _pending_hits(
         # Plain ASCII without NUL: as many bytes as characters before the first NUL.
         by_fold = func.length(expression.cast(LargeBinary)) != func.length(expression)
     candidates = (
-        select(_m.c.id, expression)
-        .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
+        select(M.c.id, expression)
+        .select_from(M.join(S, S.c.id == M.c.session_id))
         .where(
-            _m.c.id > low,
-            _m.c.id <= high,
+            M.c.id > low,
+            M.c.id <= high,
             or_(by_like, by_fold),
-            *_filter_criteria(filters.given(visibility=True)),
+            *filter_criteria(filters.given(visibility=True)),
         )
     )
     try:
-        rows = conn.execute(candidates, filters.values()).all()
+        rows = on.rows(*Prepared.of(candidates).bind(filters.values()))
     finally:
         if functions:
             raw.create_function(_PENDING_MATCH, 1, None)
@@ -187,19 +184,20 @@ def _pending_hits(
         for rowid, rank, snippet in _match_apart(route, [(int(i), text) for i, text in rows])
     }
     hits: list[dict[str, Any]] = []
-    for chunk in _chunks(sorted(matched)):
+    for chunk in chunks(sorted(matched)):
         statement = (
-            select(_m.c.id, *_RESULT_COLUMNS)
-            .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
-            .where(_m.c.id.in_(chunk))
+            select(M.c.id, *RESULT_COLUMNS)
+            .select_from(M.join(S, S.c.id == M.c.session_id))
+            .where(M.c.id.in_(chunk))
         )
-        for row in conn.execute(statement).mappings():
+        for values in on.rows(*Prepared.of(statement).bind({})):
+            row = dict(zip(("id", *RESULT_KEYS), values, strict=True))
             rank, snippet = matched[row["id"]]
             hits.append({"id": row["id"], "rank": rank, "snippet": snippet, **row})
     return hits
 
 
-def _match_apart(route: _Route, rows: list[tuple[int, str]]) -> list[tuple[int, float, str]]:
+def _match_apart(route: Route, rows: list[tuple[int, str]]) -> list[tuple[int, float, str]]:
     """(id, rank, snippet) of the rows the route's MATCH selects, in a private FTS5 table.
 
     The table lives in a connection of its own (same SQLite library, so the same
@@ -207,21 +205,19 @@ def _match_apart(route: _Route, rows: list[tuple[int, str]]) -> list[tuple[int, 
     it works even in a transaction where a damaged index made FTS5 fail (SQLite then
     refuses to create another FTS5 table until that transaction ends).
     """
-    from hermes_store.search.sqlite import _cheap_bytes, _snippets_of  # imports this module
-
     assert route.index is not None
     snippet = f"snippet({_PENDING_TABLE}, 0, '>>>', '<<<', '...', 40)"
     with contextlib.closing(sqlite3.connect(":memory:")) as apart:
         apart.execute(
-            f"CREATE VIRTUAL TABLE {_PENDING_TABLE} USING fts5(content{_TOKENIZERS[route.index]})"
+            f"CREATE VIRTUAL TABLE {_PENDING_TABLE} USING fts5(content{TOKENIZERS[route.index]})"
         )
         apart.executemany(f"INSERT INTO {_PENDING_TABLE}(rowid, content) VALUES (?, ?)", rows)
         # FTS5's snippet where it is cheap whatever the text; the longer ones after it, as
-        # the search statement's (hermes_store.search.sqlite._snippets_of).
+        # the search statement's (hermes_store.sqlite.search_snippets.snippets_of).
         matched = apart.execute(
             f"SELECT rowid, rank, CASE WHEN length(CAST(content AS BLOB)) <= ? THEN {snippet} END "
             f"FROM {_PENDING_TABLE} WHERE {_PENDING_TABLE} MATCH ?",
-            (_cheap_bytes(route), route.match),
+            (cheap_bytes(route), route.match),
         ).fetchall()
         texts = {
             rowid: text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
@@ -236,22 +232,25 @@ def _match_apart(route: _Route, rows: list[tuple[int, str]]) -> list[tuple[int, 
                 (route.match, *ids),
             ).fetchall()
 
-        snippets = _snippets_of(route, longer, fts5_snippets)
+        snippets = snippets_of(route, longer, fts5_snippets)
         return [(rowid, rank, snippets.get(rowid, text)) for rowid, rank, text in matched]
 
 
-def _scan_hits(
-    conn: Connection, route: _Route, filters: _Filters, sort: str | None, page: tuple[int, int]
+def scan_hits(
+    on: Runner, route: Route, filters: Filters, sort: str | None, page: tuple[int, int]
 ) -> list[dict[str, Any]]:
     """Every message an FTS route matches, by the pending-rows scan over all ids; one page."""
-    low, high = conn.execute(select(func.min(_m.c.id), func.max(_m.c.id))).one()
+    low, high = on.rows(*_ID_RANGE.bind({}))[0]
     if high is None:
         return []
-    extra = _pending_hits(conn, route, filters, (int(low) - 1, int(high)))
-    return _merge_pending([], extra, sort, *page)
+    extra = pending_hits(on, route, filters, (int(low) - 1, int(high)))
+    return merge_pending([], extra, sort, *page)
 
 
-def _merge_pending(
+_ID_RANGE = Prepared.of(select(func.min(M.c.id), func.max(M.c.id)))
+
+
+def merge_pending(
     rows: list[dict[str, Any]],
     extra: list[dict[str, Any]],
     sort: str | None,

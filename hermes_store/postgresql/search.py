@@ -21,8 +21,8 @@ expression for cheap and would rather re-tokenise every row. Rank is ``ts_rank_c
 path) or pg_trgm's ``similarity`` (trigram path), higher first, not FTS5's BM25; ties go
 to the lower id. Only the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES are
 ranked; older ones follow them, newest first. Snippets are made in Python from the indexed
-text of the page's hits (:mod:`hermes_store.fts5_snippet`), bounded past
-SNIPPET_EXACT_BYTES or EXACT_INSTANCES. README, "Search on PostgreSQL", lists every
+text of the page's hits (:mod:`hermes_store.search.snippet`), bounded past
+SNIPPET_EXACT_BYTES or EXACT_INSTANCES. docs/search.md, "PostgreSQL", lists every
 difference from SQLite.
 """
 
@@ -50,19 +50,21 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY, TSVECTOR
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store.errors import SearchFailed
-from hermes_store.fts5_snippet import (
-    bounded_trigram_snippet,
-    bounded_word_snippet,
-    exact_is_bounded,
-    trigram_snippet,
-    word_snippet,
-)
 from hermes_store.models import SERVER_ESCAPE, SERVER_NUL, from_server_text, to_server_text
-from hermes_store.search.context import CONTEXT_WINDOWS, SearchHit, SearchResults, contexts_of
+from hermes_store.prepared import Connections
+from hermes_store.search.context import (
+    CONTENT_JSON_PREFIX,
+    CONTEXT_CHARS,
+    ContextMessage,
+    SearchResults,
+    contexts_of,
+    windows_of,
+)
+from hermes_store.search.pipeline import Found, Plan
 from hermes_store.search.query import (
     TRIGRAM_INDEX,
     WORD_INDEX,
@@ -74,22 +76,31 @@ from hermes_store.search.query import (
     Or,
     Phrase,
     QuerySyntaxError,
-    _escape_like,
-    _reduced,
-    _Route,
+    Route,
+    escape_like,
     highlight_of,
     not_understood,
     parse_query,
+    reduced,
+    route_query,
     simplify,
     word_tokens,
 )
 from hermes_store.search.schema import (
-    _RESULT_COLUMNS,
-    _RESULT_KEYS,
-    _filter_criteria,
-    _Filters,
-    _m,
-    _s,
+    RESULT_COLUMNS,
+    RESULT_KEYS,
+    Filters,
+    M,
+    S,
+    SearchOptions,
+    filter_criteria,
+)
+from hermes_store.search.snippet import (
+    bounded_trigram_snippet,
+    bounded_word_snippet,
+    exact_is_bounded,
+    trigram_snippet,
+    word_snippet,
 )
 
 log = logging.getLogger(__name__)
@@ -107,14 +118,14 @@ SNIPPET_MARKS = {"start": ">>>", "end": "<<<", "ellipsis": "..."}
 SNIPPET_EXACT_BYTES = 64 * 1024
 #: Up to this NEAR distance a two-phrase NEAR group is translated exactly (an OR of the
 #: ``<N>`` distances, both orders); beyond, and for three phrases or more, as the AND of
-#: its phrases, a superset (see README, "Search on PostgreSQL").
+#: its phrases, a superset (see docs/search.md, "PostgreSQL").
 NEAR_EXACT_DISTANCE = 32
 
 _UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
 
 
-def _document(columns: Any = _m.c) -> ColumnElement[str]:
+def _document(columns: Any = M.c) -> ColumnElement[str]:
     """The indexed text: the expression both indexes are built on."""
     return func.hermes_search_document(
         columns.content, columns.tool_name, columns.tool_calls, type_=String
@@ -126,7 +137,7 @@ def _words() -> ColumnElement[Any]:
     return func.hermes_search_words(_document(), type_=TSVECTOR)
 
 
-class _Binds:
+class Binds:
     """Numbered bound parameters of one statement, and their values."""
 
     def __init__(self) -> None:
@@ -141,7 +152,7 @@ class _Binds:
 _SIMPLE = literal("simple", REGCONFIG)
 
 
-def _segment(binds: _Binds, text: str, prefix: bool) -> ColumnElement[Any]:
+def _segment(binds: Binds, text: str, prefix: bool) -> ColumnElement[Any]:
     """One written segment of a phrase as a tsquery, normalised by the documents' functions."""
     lexemes = func.hermes_search_lexemes(binds(text), type_=String)
     if not prefix:
@@ -151,7 +162,7 @@ def _segment(binds: _Binds, text: str, prefix: bool) -> ColumnElement[Any]:
     return func.to_tsquery(_SIMPLE, words.concat(":*"), type_=TSQUERY)
 
 
-def _phrase(binds: _Binds, phrase: Phrase) -> ColumnElement[Any]:
+def _phrase(binds: Binds, phrase: Phrase) -> ColumnElement[Any]:
     """A phrase's segments (``a + "b c"*``) joined by ``<->``; a segment without tokens
     adds none, as in FTS5."""
     segments = [_segment(binds, text, prefix) for text, prefix in phrase.text if word_tokens(text)]
@@ -161,7 +172,7 @@ def _phrase(binds: _Binds, phrase: Phrase) -> ColumnElement[Any]:
     return query
 
 
-def _near(binds: _Binds, near: Near) -> ColumnElement[Any]:
+def _near(binds: Binds, near: Near) -> ColumnElement[Any]:
     phrases = [_phrase(binds, phrase) for phrase in near.phrases]
     every = _combine("tsquery_and", phrases)
     if len(phrases) != 2 or near.distance > NEAR_EXACT_DISTANCE:
@@ -187,7 +198,7 @@ def _combine(function: str, queries: Sequence[ColumnElement[Any]]) -> ColumnElem
     return combined
 
 
-def tsquery_of(node: Node, binds: _Binds) -> ColumnElement[Any]:
+def tsquery_of(node: Node, binds: Binds) -> ColumnElement[Any]:
     """A simplified query tree (no Nothing in it) as a tsquery expression."""
     if isinstance(node, Phrase):
         return _phrase(binds, node)
@@ -206,10 +217,10 @@ def tsquery_of(node: Node, binds: _Binds) -> ColumnElement[Any]:
 
 def _like_pattern(text: str) -> str:
     """A contains-pattern for ``text`` as stored on the server (NUL as U+FFFE)."""
-    return f"%{_escape_like(to_server_text(text))}%"
+    return f"%{escape_like(to_server_text(text))}%"
 
 
-def trigram_condition(node: Node, binds: _Binds) -> ColumnElement[bool]:
+def trigram_condition(node: Node, binds: Binds) -> ColumnElement[bool]:
     """A simplified trigram query tree as ILIKE tests over the indexed text."""
     if isinstance(node, Phrase):  # one quoted token: a substring of 3+ characters
         pattern = binds(_like_pattern(node.tokens[0][0]))
@@ -238,7 +249,7 @@ def _ascii_folded(value: ColumnElement[Any]) -> ColumnElement[str]:
     return func.translate(value, _UPPER, _LOWER, type_=String)
 
 
-def _ascii_caseless(token: str) -> str:
+def ascii_caseless(token: str) -> str:
     """A regular expression (ARE) finding ``token`` with ASCII letters in either case and
     every other character as written: what SQLite's LIKE '%token%' finds."""
     pieces = []
@@ -252,7 +263,7 @@ def _ascii_caseless(token: str) -> str:
     return "".join(pieces)
 
 
-def _like_condition(tokens: Sequence[str], binds: _Binds) -> ColumnElement[bool]:
+def _like_condition(tokens: Sequence[str], binds: Binds) -> ColumnElement[bool]:
     """The LIKE scan's test: any token in content, tool_name or tool_calls, ASCII case
     folded as SQLite's LIKE folds it, each text read up to its first NUL as LIKE reads it.
 
@@ -260,14 +271,14 @@ def _like_condition(tokens: Sequence[str], binds: _Binds) -> ColumnElement[bool]
     regular expression with each letter in both cases (ILIKE would fold every script, and
     translate() to ASCII lower case costs 30 times as much).
     """
-    columns = (_m.c.content, _m.c.tool_name, _m.c.tool_calls)
+    columns = (M.c.content, M.c.tool_name, M.c.tool_calls)
     conditions: list[ColumnElement[bool]] = []
-    for token in _reduced(tokens):
+    for token in reduced(tokens):
         if "\x00" in token:  # compared whole, as on SQLite (stored NULs are U+FFFE here)
             needle = _ascii_folded(binds(to_server_text(token)))
             tests = [func.strpos(_ascii_folded(column), needle) > 0 for column in columns]
         elif any(char.isascii() and char.isalpha() for char in token):
-            regex = binds(_ascii_caseless(to_server_text(token)))
+            regex = binds(ascii_caseless(to_server_text(token)))
             tests = [_before_nul(column).op("~", return_type=Boolean)(regex) for column in columns]
         else:
             pattern = binds(_like_pattern(token))
@@ -289,7 +300,7 @@ def _paged(statement: Any, page: tuple[int, int]) -> tuple[Any, dict[str, Any]]:
     return statement, values
 
 
-def _filter_values(filters: _Filters) -> dict[str, Any]:
+def _filter_values(filters: Filters) -> dict[str, Any]:
     """The filters' values as PostgreSQL stores text (the models' to_server_text): a NUL
     compares as it does on SQLite, equal only to a stored NUL."""
     return {
@@ -298,11 +309,11 @@ def _filter_values(filters: _Filters) -> dict[str, Any]:
     }
 
 
-def _select(condition: ColumnElement[bool], filters: _Filters, *, visibility: bool) -> Any:
+def _select(condition: ColumnElement[bool], filters: Filters, *, visibility: bool) -> Any:
     return (
-        select(_m.c.id, *_RESULT_COLUMNS)
-        .select_from(_m.join(_s, _s.c.id == _m.c.session_id))
-        .where(condition, *_filter_criteria(filters.given(visibility=visibility)))
+        select(M.c.id, *RESULT_COLUMNS)
+        .select_from(M.join(S, S.c.id == M.c.session_id))
+        .where(condition, *filter_criteria(filters.given(visibility=visibility)))
     )
 
 
@@ -317,7 +328,7 @@ RANK_WINDOW = 200
 RANK_WINDOW_BYTES = 1024 * 1024
 
 
-def _bytes(columns: Any = _m.c) -> ColumnElement[int]:
+def _bytes(columns: Any = M.c) -> ColumnElement[int]:
     """The bytes of a row's indexed text, less its two separators (read from each value's
     header: nothing is decompressed)."""
     return sum(
@@ -331,13 +342,13 @@ def _matched(condition: ColumnElement[bool]) -> ColumnElement[bool]:
     no other condition beside it the planner can only answer it from the search index
     (_BY_INDEX), and no other index (the visibility filter's) leads it to re-tokenise the
     rows that one selects."""
-    matched = select(_m.c.id).where(condition).cte("matched").prefix_with("MATERIALIZED")
-    return _m.c.id.in_(select(matched.c.id))
+    matched = select(M.c.id).where(condition).cte("matched").prefix_with("MATERIALIZED")
+    return M.c.id.in_(select(matched.c.id))
 
 
 def _ranked(
     condition: ColumnElement[bool],
-    filters: _Filters,
+    filters: Filters,
     sort: str | None,
     page: tuple[int, int],
     rank_of: Rank,
@@ -355,11 +366,11 @@ def _ranked(
         # Ranked: the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES (a sort of
         # ids and sizes only, no text), by rank; older matches after them, newest first.
         # CASE evaluates the rank of those rows only.
-        newest = _m.c.id.desc()
+        newest = M.c.id.desc()
         statement = _select(condition, filters, visibility=True).add_columns(
-            _m.c.content,
-            _m.c.tool_name,
-            _m.c.tool_calls,
+            M.c.content,
+            M.c.tool_name,
+            M.c.tool_calls,
             func.row_number().over(order_by=newest).label("recency"),
             func.sum(_bytes()).over(order_by=newest, rows=(None, 0)).label("volume"),
         )
@@ -369,17 +380,17 @@ def _ranked(
             hits.c.volume <= bindparam("rank_bytes", type_=Integer),
         )
         windowed = case((in_window, rank_of(_document(hits.c))), else_=null())
-        outer = select(hits.c.id, *(hits.c[key] for key in _RESULT_KEYS)).order_by(
+        outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
             windowed.desc().nulls_last(), case((in_window, hits.c.id), else_=-hits.c.id)
         )
         outer, values = _paged(outer, page)
         return outer, {**values, "rank_window": RANK_WINDOW, "rank_bytes": RANK_WINDOW_BYTES}
-    by_time = _m.c.timestamp.desc() if sort == "newest" else _m.c.timestamp.asc()
+    by_time = M.c.timestamp.desc() if sort == "newest" else M.c.timestamp.asc()
     statement = _select(condition, filters, visibility=True).add_columns(
-        _m.c.content,
-        _m.c.tool_name,
-        _m.c.tool_calls,
-        func.count().over(partition_by=_m.c.timestamp).label("ties"),
+        M.c.content,
+        M.c.tool_name,
+        M.c.tool_calls,
+        func.count().over(partition_by=M.c.timestamp).label("ties"),
     )
     window: dict[str, Any] = {}
     if limit >= 0:
@@ -390,18 +401,17 @@ def _ranked(
     hits = statement.subquery("hits")
     rank = case((hits.c.ties > 1, rank_of(_document(hits.c))), else_=null())
     in_time = hits.c.timestamp.desc() if sort == "newest" else hits.c.timestamp.asc()
-    outer = select(hits.c.id, *(hits.c[key] for key in _RESULT_KEYS)).order_by(
+    outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
         in_time, rank.desc(), hits.c.id
     )
     outer, values = _paged(outer, page)
     return outer, {**values, **window}
 
 
-def word_statement(
-    tree: Node, filters: _Filters, sort: str | None, page: tuple[int, int]
-) -> tuple[Any, dict[str, Any]]:
+def word_statement(tree: Node, options: SearchOptions) -> tuple[Any, dict[str, Any]]:
     """The word path's statement for a simplified tree, and its parameters."""
-    binds = _Binds()
+    filters, sort, page = options.filters, options.order, options.page
+    binds = Binds()
     query = tsquery_of(tree, binds)
     condition = _words().op("@@", return_type=Boolean)(query)
 
@@ -416,10 +426,11 @@ def word_statement(
 
 
 def trigram_statement(
-    tree: Node, route: _Route, filters: _Filters, sort: str | None, page: tuple[int, int]
+    tree: Node, route: Route, options: SearchOptions
 ) -> tuple[Any, dict[str, Any]]:
     """The trigram path's statement for a simplified tree, and its parameters."""
-    binds = _Binds()
+    filters, sort, page = options.filters, options.order, options.page
+    binds = Binds()
     condition = trigram_condition(tree, binds)
     terms = binds(to_server_text(" ".join(route.like_tokens)))
 
@@ -430,23 +441,22 @@ def trigram_statement(
     return statement, {**_filter_values(filters), **binds.values, **values}
 
 
-def like_statement(
-    route: _Route, filters: _Filters, page: tuple[int, int]
-) -> tuple[Any, dict[str, Any]]:
+def like_statement(route: Route, options: SearchOptions) -> tuple[Any, dict[str, Any]]:
     """The LIKE scan (short CJK tokens): newest first whatever the sort, no visibility
     filter (the legacy quirk), the contract's snippet."""
-    binds = _Binds()
+    filters, page = options.filters, options.page
+    binds = Binds()
     condition = _like_condition(route.like_tokens, binds)
     first = binds(to_server_text(route.like_tokens[0]))
-    start = func.greatest(1, func.strpos(_m.c.content, first) - LIKE_SNIPPET_BEFORE)
+    start = func.greatest(1, func.strpos(M.c.content, first) - LIKE_SNIPPET_BEFORE)
     # Positions count stored characters: where an escape (3 of them for 1) is in the text,
     # the whole text comes back and the snippet is cut in Python (_like_snippet).
     snippet = case(
-        (func.strpos(_m.c.content, SERVER_ESCAPE) > 0, _m.c.content),
-        else_=func.substr(_m.c.content, start, LIKE_SNIPPET_LENGTH, type_=String),
+        (func.strpos(M.c.content, SERVER_ESCAPE) > 0, M.c.content),
+        else_=func.substr(M.c.content, start, LIKE_SNIPPET_LENGTH, type_=String),
     ).label("snippet")
     statement = _select(condition, filters, visibility=False).add_columns(snippet)
-    statement = statement.order_by(_m.c.timestamp.desc(), _m.c.id)
+    statement = statement.order_by(M.c.timestamp.desc(), M.c.id)
     statement, values = _paged(statement, page)
     return statement, {**_filter_values(filters), **binds.values, **values}
 
@@ -531,7 +541,7 @@ def _not_searchable(conn: Connection, tree: Node) -> str:
     """Why the server rejected the word path's statement: its tsquery alone is rejected
     (the query's fault: the reason, for ``query_error``). If the tsquery is fine, the
     rows or the search functions failed: SearchFailed, never an empty answer."""
-    binds = _Binds()
+    binds = Binds()
     try:
         with conn.begin_nested():
             conn.execute(select(tsquery_of(tree, binds)), binds.values).all()
@@ -566,80 +576,69 @@ def _exact(text: str, phrases: Sequence[Any], *, trigram: bool) -> bool:
 
 def _documents(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
     """The indexed text of the page's hits, as the data layer gives text (NUL as NUL)."""
-    statement = select(_m.c.id, _document()).where(_m.c.id.in_(bindparam("ids", expanding=True)))
+    statement = select(M.c.id, _document()).where(M.c.id.in_(bindparam("ids", expanding=True)))
     return {
         int(i): from_server_text(text) for i, text in conn.execute(statement, {"ids": list(ids)})
     }
 
 
-def search(
-    conn: Connection, route: _Route, filters: _Filters, sort: str | None, page: tuple[int, int]
-) -> SearchResults:
-    """search_messages on PostgreSQL, for a routed, bounded query."""
-    rows: list[dict[str, Any]] | None
-    snippets: Callable[[str], str] | None = None
-    if route.index == WORD_INDEX:
-        try:
-            tree = simplify(parse_query(route.match))
-        except QuerySyntaxError:  # FTS5 would reject it: the contract's answer is []
-            return SearchResults(query_error=not_understood(route.match))
-        if isinstance(tree, Nothing):
-            return SearchResults()
-        highlight = highlight_of(parse_query(route.match))
-        with _by_index(conn):
-            rows = _rows(conn, *word_statement(tree, filters, sort, page))
-        if rows is None:
-            return SearchResults(query_error=_not_searchable(conn, tree))
+#: The context windows' rows (hermes_store.search.context.windows_of): a NUL is stored as
+#: U+FFFE here and a character of its codes as three (hermes_store.models.to_server_text),
+#: so the characters that hold the first CONTEXT_CHARS; content stored as JSON whole.
+CONTEXT_WINDOWS = windows_of(
+    lambda content: case(
+        (
+            func.left(content, len(CONTENT_JSON_PREFIX)) == to_server_text(CONTENT_JSON_PREFIX),
+            content,
+        ),
+        else_=func.substr(content, 1, 3 * CONTEXT_CHARS),
+    )
+)
 
-        def snippets(text: str) -> str:
-            exact = _exact(text, highlight.phrases, trigram=False)
-            return (word_snippet if exact else bounded_word_snippet)(
-                text,
-                highlight.phrases,
-                near=highlight.near,
-                groups=highlight.groups,
-                tokens=SNIPPET_TOKENS,
-                **SNIPPET_MARKS,
-            )
 
-    else:
-        rows = None
+class PostgreSQLSearch:
+    """The search statements on one PostgreSQL connection (hermes_store.search.pipeline)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def plan(self, sanitized: str) -> Plan | SearchResults:
+        # Both indexes exist at head (revision fts1): the trigram path is always there.
+        return Plan(route_query(sanitized, trigram=True))
+
+    def hits(self, plan: Plan, options: SearchOptions) -> Found:
+        """The page's rows; a trigram query FTS5 would reject is answered by the LIKE scan,
+        as on SQLite."""
+        route, conn = plan.route, self.conn
+        rows: list[dict[str, Any]] | None = None
+        if route.index == WORD_INDEX:
+            try:
+                tree = simplify(parse_query(route.match))
+            except QuerySyntaxError:  # FTS5 would reject it: the contract's answer is []
+                return Found([], route, query_error=not_understood(route.match))
+            if isinstance(tree, Nothing):
+                return Found([], route)
+            with _by_index(conn):
+                rows = _rows(conn, *word_statement(tree, options))
+            if rows is None:
+                return Found([], route, query_error=_not_searchable(conn, tree))
+            return Found(rows, route)
         if route.index == TRIGRAM_INDEX:
             try:
-                tree = simplify(parse_query(route.match, trigram=True))
+                trigram: Node | None = simplify(parse_query(route.match, trigram=True))
             except QuerySyntaxError:  # FTS5 rejects it: the LIKE scan answers, as on SQLite
-                tree = None
-            if isinstance(tree, Nothing):
-                return SearchResults()
-            if tree is not None:
-                marks = highlight_of(parse_query(route.match, trigram=True))
-                substrings = [phrase[0][0] for phrase in marks.phrases]
+                trigram = None
+            if isinstance(trigram, Nothing):
+                return Found([], route)
+            if trigram is not None:
                 with _by_index(conn):
-                    rows = _rows(conn, *trigram_statement(tree, route, filters, sort, page))
-
-                def snippets(text: str) -> str:
-                    exact = _exact(text, substrings, trigram=True)
-                    return (trigram_snippet if exact else bounded_trigram_snippet)(
-                        text,
-                        substrings,
-                        groups=marks.groups,
-                        tokens=SNIPPET_TOKENS,
-                        **SNIPPET_MARKS,
-                    )
-
-        if rows is None:
-            snippets = None
-            rows = _rows(conn, *like_statement(route, filters, page))
-            if rows is None:  # plain patterns, escaped here: no query causes that
-                raise _search_failed("the LIKE scan")
-    if not rows:
-        return SearchResults()
-    ids = [int(row["id"]) for row in rows]
-    if snippets is not None:
-        documents = _documents(conn, ids)
-        for row in rows:
-            row["snippet"] = snippets(documents[int(row["id"])])
-    else:
+                    rows = _rows(conn, *trigram_statement(trigram, route, options))
+                if rows is not None:
+                    return Found(rows, route)
+        like = Route(None, "", route.like_tokens)
+        rows = _rows(conn, *like_statement(like, options))
+        if rows is None:  # plain patterns, escaped here: no query causes that
+            raise _search_failed("the LIKE scan")
         for row in rows:
             if row["snippet"] is None:
                 continue
@@ -647,28 +646,59 @@ def search(
                 row["snippet"] = _like_snippet(row["snippet"], route.like_tokens[0])
             else:
                 row["snippet"] = from_server_text(row["snippet"])
-    log.debug("search: %d hit(s) from %s", len(rows), route.index or "LIKE scan")
-    try:
-        contexts = contexts_of(lambda chunk: _windows(conn, chunk), ids)
-    except Exception:  # the contract: a failed context lookup leaves every hit with []
-        log.debug("search: context lookup failed", exc_info=True)
-        contexts = {}
-    hits: list[SearchHit] = [
-        {
-            "id": int(row["id"]),
-            "session_id": row["session_id"],
-            "role": row["role"],
-            "snippet": row["snippet"],
-            "timestamp": row["timestamp"],
-            "tool_name": row["tool_name"],
-            "source": row["source"],
-            "model": row["model"],
-            "session_started": row["session_started"],
-            "context": contexts.get(int(row["id"]), []),
-        }
-        for row in rows
-    ]
-    return SearchResults(hits)
+        return Found(rows, like, from_index=False)
+
+    def snippets(self, found: Found) -> None:
+        """The word and trigram paths' snippets, made in Python from the indexed text of
+        the page's hits (FTS5's own up to SNIPPET_EXACT_BYTES, bounded past it)."""
+        route = found.route
+        if not found.from_index or route.index is None:
+            return  # the LIKE scan's statement made them
+        trigram = route.index == TRIGRAM_INDEX
+        marks = highlight_of(parse_query(route.match, trigram=trigram))
+        substrings = [phrase[0][0] for phrase in marks.phrases] if trigram else []
+        documents = _documents(self.conn, [int(row["id"]) for row in found.rows])
+        for row in found.rows:
+            text = documents[int(row["id"])]
+            if trigram:
+                exact = _exact(text, substrings, trigram=True)
+                row["snippet"] = (trigram_snippet if exact else bounded_trigram_snippet)(
+                    text, substrings, groups=marks.groups, tokens=SNIPPET_TOKENS, **SNIPPET_MARKS
+                )
+            else:
+                exact = _exact(text, marks.phrases, trigram=False)
+                row["snippet"] = (word_snippet if exact else bounded_word_snippet)(
+                    text,
+                    marks.phrases,
+                    near=marks.near,
+                    groups=marks.groups,
+                    tokens=SNIPPET_TOKENS,
+                    **SNIPPET_MARKS,
+                )
+
+    def contexts(self, hit_ids: Sequence[int]) -> dict[int, list[ContextMessage]]:
+        try:
+            return contexts_of(lambda chunk: _windows(self.conn, chunk), hit_ids)
+        except Exception:  # the contract: a failed context lookup leaves every hit with []
+            log.debug("search: context lookup failed", exc_info=True)
+            return {}
+
+    def read(self, answer: Callable[[], SearchResults]) -> SearchResults:
+        """``answer``: PostgreSQL text is always valid UTF-8, read once."""
+        return answer()
+
+
+def search_statements(conn: Connection) -> PostgreSQLSearch:
+    """The search statements on an open Connection (search_messages)."""
+    return PostgreSQLSearch(conn)
+
+
+@contextlib.contextmanager
+def read_transaction(source: Engine | Connections) -> Iterator[PostgreSQLSearch]:
+    """The search statements in a read transaction of their own: one snapshot."""
+    with source.connect() as conn:
+        conn.execution_options(isolation_level="REPEATABLE READ")
+        yield PostgreSQLSearch(conn)
 
 
 def _windows(conn: Connection, chunk: list[int]) -> list[tuple[Any, ...]]:

@@ -1,0 +1,1 @@
+"""PostgreSQL backend: everything that is particular to a PostgreSQL store."""

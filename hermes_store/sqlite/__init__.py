@@ -1,0 +1,1 @@
+"""SQLite backend: everything that is particular to a SQLite store file."""
