@@ -7,7 +7,10 @@ invalid one that the planner ignores), every index and trigger the store's revis
 declare present (see `declared`), the search extensions and functions present with the
 definitions the search layout's revision creates, both search indexes present over exactly
 its expression, the display triggers with their functions, and, when the server has the
-`amcheck` extension installed, each B-tree index verified against its table's order.
+`amcheck` extension installed, each B-tree index verified against its table's order; and
+the upkeep the planner needs: each table's statistics and each GIN index's pending list
+(thresholds in :mod:`hermes_store.postgresql.upkeep`, which `--repair` restores the way
+`optimize` does).
 
 The expected objects are the typed snapshots of `hermes_store.declarations` (the search
 layout SQLite's check expects too, and the display triggers of the store's application
