@@ -126,20 +126,36 @@ def test_check_names_missing_statistics_and_optimize_clears_them(pg_url: str) ->
     assert "run `hermes-store optimize`" in problem
     assert "statistics sessions" in result["checked"]  # one row: the planner needs none
     assert "statistics sessions" not in result["problems"]
-    # Without pgstattuple the pending lists cannot be measured: said, never passed.
-    skipped = result["skipped"]["GIN pending lists"]
-    assert "could not be measured" in skipped
-    assert "pgstattuple" in skipped
-    assert f"{ROWS:,} into messages" in skipped
+    # Without pgstattuple the pending lists are estimated from what a search reads.
+    pending = result["problems"]["pending list messages_fts_trigram"]
+    assert "estimated without pgstattuple" in pending
+    assert "run `hermes-store optimize`" in pending
+    assert "GIN pending lists" not in result["skipped"]
     lines = invoke("check", "--db", pg_url, expect=1).stdout.splitlines()
     assert any(line.split()[:3] == ["statistics", "messages", "BROKEN"] for line in lines)
-    assert any(line.startswith("GIN pending lists") and "not checked" in line for line in lines)
+    assert any(line.split()[:3] == ["pending", "list", "messages_fts_trigram"] for line in lines)
 
     done = invoke_json("optimize", "--db", pg_url)
     assert sum(done["pending_pages_cleaned"].values()) > 0
     assert done["pending_rows_cleaned"] is None  # pgstattuple is not there to count them
     assert set(done["pending_pages_cleaned"]) == {"messages_fts", "messages_fts_trigram"}
-    assert invoke_json("check", "--db", pg_url)["ok"] is True
+    passed = invoke_json("check", "--db", pg_url)
+    assert passed["ok"] is True
+    assert "pending list messages_fts_trigram" in passed["checked"]
+
+
+def test_a_pending_list_that_cannot_be_measured_is_said_never_passed(pg_url: str) -> None:
+    """A GIN index whose operator class has no search to estimate it by, without
+    pgstattuple: "not checked", with the rows written since the last vacuum."""
+    _fill_without_upkeep(pg_url)
+    sql(pg_url, "CREATE INDEX extra_gin ON sessions USING gin ((ARRAY[id]))")
+    result = invoke_json("check", "--db", pg_url, expect=1)
+    skipped = result["skipped"]["GIN pending lists"]
+    assert skipped.startswith("extra_gin: could not be measured: the pgstattuple extension")
+    assert "1 into sessions" in skipped
+    assert "pending list extra_gin" not in result["checked"]
+    lines = invoke("check", "--db", pg_url, expect=1).stdout.splitlines()
+    assert any(line.startswith("GIN pending lists") and "not checked" in line for line in lines)
 
 
 def test_check_measures_pending_lists_with_pgstattuple_and_optimize_cleans_them(

@@ -178,9 +178,10 @@ def check(
     fts1 revision creates them, and each B-tree index verified by amcheck when the
     extension is installed (--quick: not); each table of 1,000 rows or more has planner
     statistics, and each GIN pending list is under 1 MiB (measured with the pgstattuple
-    extension; "not checked" without it). --repair rebuilds an invalid index (REINDEX
-    INDEX CONCURRENTLY), re-creates a missing or different object from its revision,
-    without blocking writes, and does what optimize does for pending lists and statistics.
+    extension, else estimated from the pages a search reads). --repair rebuilds an invalid
+    index (REINDEX INDEX CONCURRENTLY), re-creates a missing or different object from its
+    revision, without blocking writes, and does what optimize does for pending lists and
+    statistics.
 
     \b
     Example:

@@ -8,11 +8,13 @@ statistics (ANALYZE never ran) the planner guesses at row counts and may read ev
 message for a trigram search instead of using its index. With autovacuum off, or before
 it comes round, nothing but `optimize` (and the end of a `copy`) keeps either in order.
 
-Measuring a pending list needs the ``pgstattuple`` extension (``pgstatginindex``, which
-its installer grants to ``pg_stat_scan_tables``): PostgreSQL offers no catalog view of it,
-and reading the index's metapage (``pageinspect``) takes a superuser. Without it the
-check says it could not measure them, and how many rows were written since the last
-vacuum, an upper bound of what can be pending.
+Measuring a pending list exactly needs the ``pgstattuple`` extension (``pgstatginindex``,
+which its installer grants to ``pg_stat_scan_tables``): PostgreSQL offers no catalog view
+of it, and reading the index's metapage (``pageinspect``) takes a superuser. Without it
+the check estimates it from the pages a search for a key the index does not hold reads
+(:func:`estimate_pending_pages`); an index it cannot estimate is said to be not measured,
+with how many rows were written since the last vacuum, an upper bound of what can be
+pending.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
@@ -107,6 +110,67 @@ def pending_lists(conn: Connection, indexes: Sequence[str]) -> dict[str, Pending
             )
         found[name] = Pending(int(pages or 0), int(rows or 0))
     return found
+
+
+#: What a search for a word no index holds looks for, by the index's operator class; the
+#: pages its Bitmap Index Scan reads are the metapage, one path down the entry tree per
+#: key, and the whole pending list.
+_NO_MATCH = {
+    "tsvector_ops": "@@ CAST('hermesnomatchqzx' AS tsquery)",
+    "gin_trgm_ops": "LIKE '%qzx%'",
+}
+#: Pages of that read that are not the pending list: the metapage and up to four levels
+#: of the entry tree (one key each).
+_NOT_PENDING = 5
+
+
+def estimate_pending_pages(conn: Connection, name: str) -> int | None:
+    """About how many pages ``name``'s pending list holds, without an extension or a
+    superuser: the pages EXPLAIN (ANALYZE, BUFFERS) counts for a search of a key the index
+    does not hold (it reads the whole pending list), less the metapage and entry tree
+    path. None when the index's operator class has no such search here. Read-only; the
+    planner settings it changes are rolled back with its savepoint."""
+    row = conn.execute(
+        text(
+            "SELECT t.relname, pg_get_indexdef(x.indexrelid, 1, true), opc.opcname"
+            " FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid"
+            " JOIN pg_class t ON t.oid = x.indrelid JOIN pg_opclass opc ON opc.oid = x.indclass[0]"
+            " WHERE x.indexrelid = CAST(:name AS regclass) AND x.indnatts = 1"
+        ),
+        {"name": name},
+    ).first()
+    if row is None or str(row[2]) not in _NO_MATCH:
+        return None
+    table, expression, opclass = str(row[0]), str(row[1]), str(row[2])
+    savepoint = conn.begin_nested()
+    try:
+        conn.execute(text("SET LOCAL enable_seqscan = off"))
+        plan = conn.execute(
+            text(
+                f'EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT 1 FROM "{table}"'
+                f" WHERE {expression} {_NO_MATCH[opclass]}"
+            )
+        ).scalar_one()
+    except DBAPIError:
+        return None
+    finally:
+        savepoint.rollback()
+    node = _index_scan(plan[0]["Plan"] if isinstance(plan, list) else {}, name)
+    if node is None:
+        return None
+    read = int(node.get("Shared Hit Blocks", 0)) + int(node.get("Shared Read Blocks", 0))
+    return max(0, read - _NOT_PENDING)
+
+
+def _index_scan(node: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The Bitmap Index Scan of index ``name`` in a JSON plan."""
+    if node.get("Node Type") == "Bitmap Index Scan" and node.get("Index Name") == name:
+        return node
+    for child in node.get("Plans", []):
+        found = _index_scan(child, name)
+        if found is not None:
+            return found
+    return None
 
 
 def block_size(conn: Connection) -> int:
@@ -233,6 +297,7 @@ __all__ = [
     "Pending",
     "block_size",
     "clean_pending_lists",
+    "estimate_pending_pages",
     "gin_indexes",
     "pending_lists",
     "statistics_problem",
