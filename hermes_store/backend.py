@@ -43,6 +43,22 @@ if TYPE_CHECKING:
     from hermes_store.sqlite.readonly import ReadOnlyOpening
 
 
+@dataclass
+class CopyUpkeep:
+    """What the end of a copy did for the target's planner and indexes (PostgreSQL's
+    VACUUM (ANALYZE) of the tables it filled)."""
+
+    #: The statement run on each table.
+    statement: str
+    #: The tables it ran on.
+    tables: list[str]
+    #: Table -> why the database refused it (one line).
+    refused: dict[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"statement": self.statement, "tables": self.tables, "refused": self.refused}
+
+
 @dataclass(frozen=True)
 class Features:
     """What a database offers; a command offers what its backend's features say.
@@ -343,8 +359,15 @@ class Backend:
         """Why the database refused a batch, in a few words that never quote a value."""
         raise NotImplementedError
 
-    def finish_copy_target(self, conn: Connection) -> None:
-        """After a copy wrote many rows: what the database needs before its first query."""
+    def finish_copy_target(
+        self,
+        conn: Connection,
+        tables: Sequence[str],
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> CopyUpkeep | None:
+        """After a copy wrote its rows, before it is marked complete: what the database
+        needs before its first query (``progress`` hears table, done, total). None when
+        it needs nothing."""
         raise NotImplementedError
 
 

@@ -116,6 +116,14 @@ def _print_copy(result: Any) -> None:
             f"sample search {search.number} ({search.how}): "
             f"{search.source_hits} / {search.target_hits} hits, {state}"
         )
+    upkeep = result.upkeep
+    if upkeep is not None:
+        say(
+            f"{upkeep.statement} of {len(upkeep.tables)} tables: planner statistics "
+            "gathered, GIN pending lists merged"
+        )
+        for table, reason in upkeep.refused.items():
+            say(f"{upkeep.statement} not done on {table} ({reason}): run `hermes-store optimize`")
     if verification.no_searches:
         say(f"no sample search: {verification.no_searches}")
     for item in verification.not_checked:

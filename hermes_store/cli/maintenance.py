@@ -48,8 +48,9 @@ def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None
     the file system in steps when the store uses incremental auto-vacuum (a store that does
     not is told how much only `--vacuum` returns). `--vacuum` runs VACUUM, which holds the
     write lock throughout and needs about the file's size free in the store's directory and
-    in the temp directory (refused otherwise). On PostgreSQL: VACUUM (ANALYZE) of each of
-    the store's tables, which never locks out the agent.
+    in the temp directory (refused otherwise). On PostgreSQL: gin_clean_pending_list of
+    each GIN index (the pages cleaned are reported), then VACUUM (ANALYZE) of each of the
+    store's tables, which never locks out the agent.
 
     \b
     Examples:
@@ -175,9 +176,12 @@ def check(
     On PostgreSQL: every index of the store valid and ready, every index and trigger the
     revisions declare present, the search extensions, functions and indexes exactly as the
     fts1 revision creates them, and each B-tree index verified by amcheck when the
-    extension is installed (--quick: not). --repair rebuilds an invalid index (REINDEX
-    INDEX CONCURRENTLY) and re-creates a missing or different object from its revision,
-    without blocking writes.
+    extension is installed (--quick: not); each table of 1,000 rows or more has planner
+    statistics, and each GIN pending list is under 1 MiB (measured with the pgstattuple
+    extension, else estimated from the pages a search reads). --repair rebuilds an invalid
+    index (REINDEX INDEX CONCURRENTLY), re-creates a missing or different object from its
+    revision, without blocking writes, and does what optimize does for pending lists and
+    statistics.
 
     \b
     Example:

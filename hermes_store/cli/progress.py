@@ -149,7 +149,7 @@ def backfill_bar(show: bool) -> Iterator[Callable[[backfill.BackfillProgress], N
 
 
 #: What each step of the copy counts, for its progress bar.
-_COPY_UNITS = {"searching": "searches"}
+_COPY_UNITS = {"searching": "searches", "vacuuming": "tables"}
 
 
 @contextlib.contextmanager

@@ -89,8 +89,9 @@ class CopyProgress:
     """Where a copy is: after each committed batch, and every few thousand rows read.
 
     ``step`` is ``comparing`` (both sides read to find what differs), ``copying``,
-    ``deleting``, ``verifying`` (the checksums) or ``searching`` (the sample searches,
-    counted in searches rather than rows).
+    ``deleting``, ``vacuuming`` (the target's upkeep after the writes, counted in tables
+    rather than rows), ``verifying`` (the checksums) or ``searching`` (the sample
+    searches, counted in searches).
     """
 
     table: str

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from hermes_store import migrate
+from hermes_store.backend import CopyUpkeep
 from hermes_store.copy.marker import (
     SOURCE_MARKER,
     fingerprint,
@@ -66,6 +67,9 @@ class CopyResult:
     #: Whether the source changed while this run read it (the target is then a copy of it
     #: as it was when the run began): known for SQLite sources, None on PostgreSQL.
     source_changed: bool | None = None
+    #: The target's upkeep after the writes (PostgreSQL: VACUUM (ANALYZE) of the tables
+    #: filled); None when the target needs none or nothing was written.
+    upkeep: CopyUpkeep | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +84,7 @@ class CopyResult:
             "source_changed_during_copy": self.source_changed,
             "seconds": round(self.seconds, 3),
             "verification": self.verification.as_dict(),
+            "upkeep": None if self.upkeep is None else self.upkeep.as_dict(),
         }
 
 
@@ -174,6 +179,7 @@ class Run:
             seconds=0.0,
             verification=verification,
             changes=writer.changes(),
+            upkeep=writer.upkeep,
         )
 
     def report(self, state: CopyProgress) -> None:

@@ -8,8 +8,8 @@ the display order of a changed message's peers, so the sessions touched are comp
 written again until they are equal.
 
 What differs between the databases (how a batch's transaction begins, the message id
-sequence, what the database says of a refused batch, the statistics after a large copy)
-is asked of the target's backend.
+sequence, what the database says of a refused batch, the upkeep after the writes: on
+PostgreSQL a VACUUM (ANALYZE) of every table filled) is asked of the target's backend.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Row, Table, and_, bindparam, select, text
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store.backend import backend_for, backend_of
+from hermes_store.backend import CopyUpkeep, backend_for, backend_of
 from hermes_store.copy.marker import SOURCE_MARKER, identity_sample, markers, put_marker
 from hermes_store.copy.rows import (
     PEER_TRIGGERS,
@@ -68,6 +68,8 @@ class Writer:
         self.deleted: dict[str, int] = {}
         self.updated: dict[str, int] = {}
         self.dst: Connection | None = None
+        #: What the target's backend did after the writes (None: nothing to do).
+        self.upkeep: CopyUpkeep | None = None
 
     def changes(self) -> dict[str, dict[str, int]]:
         return {
@@ -89,19 +91,22 @@ class Writer:
                 self.dst = dst
                 if finish:
                     self._write_all()
+                    # Before the marker says complete: a run stopped during it does it
+                    # again, since the copy is not complete yet.
+                    self.upkeep = backend.finish_copy_target(
+                        dst, [diff.table.name for diff in self.diffs], self._vacuuming
+                    )
                 with dst.begin():  # new messages get ids past every copied one
                     _raise_sequence(dst, _high_water(self.run.src))
                     if finish:
                         self._finish()
-                if finish and self._many():
-                    backend.finish_copy_target(dst)
         finally:
             self.dst = None
             engine.dispose()
 
-    def _many(self) -> bool:
-        rows = sum(diff.source_rows for diff in self.diffs)
-        return self.rows * 10 > rows
+    def _vacuuming(self, table: str, done: int, total: int) -> None:
+        """The target's upkeep after the writes, counted in tables."""
+        self.run.report(CopyProgress(table, done, total, done, total, self.batches, "vacuuming"))
 
     def _write_all(self) -> None:
         for diff in self.diffs:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from hermes_store.backend import Backend, Features
+from hermes_store.backend import Backend, CopyUpkeep, Features
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -196,14 +196,15 @@ class PostgreSQLBackend(Backend):
         report: Report | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> Shown:
-        """VACUUM (ANALYZE) of each of the store's tables: no mode to pick, no lock-out."""
+        """GIN pending lists cleaned, then VACUUM (ANALYZE) of each of the store's tables:
+        no mode to pick, no lock-out."""
         from hermes_store.postgresql.maintenance import optimize_server
 
         if vacuum is not None:
             self.require("vacuum_modes", "--vacuum" if vacuum else "--no-vacuum")
         if progress is not None:
-            progress("VACUUM (ANALYZE) of the store's tables")
-        return optimize_server(engine)
+            progress("GIN pending lists cleaned, then VACUUM (ANALYZE) of the store's tables")
+        return optimize_server(engine, report)
 
     def check(self, engine: Engine, *, quick: bool = False) -> CheckResult:
         """Index validity, the declared and search objects, amcheck (not with ``quick``)."""
@@ -303,7 +304,12 @@ class PostgreSQLBackend(Backend):
 
         return copy.refusal_reason(error)
 
-    def finish_copy_target(self, conn: Connection) -> None:
+    def finish_copy_target(
+        self,
+        conn: Connection,
+        tables: Sequence[str],
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> CopyUpkeep:
         from hermes_store.postgresql import copy
 
-        copy.finish_target(conn)
+        return copy.finish_target(conn, tables, progress)

@@ -7,7 +7,10 @@ invalid one that the planner ignores), every index and trigger the store's revis
 declare present (see `declared`), the search extensions and functions present with the
 definitions the search layout's revision creates, both search indexes present over exactly
 its expression, the display triggers with their functions, and, when the server has the
-`amcheck` extension installed, each B-tree index verified against its table's order.
+`amcheck` extension installed, each B-tree index verified against its table's order; and
+the upkeep the planner needs: each table's statistics and each GIN index's pending list
+(thresholds in :mod:`hermes_store.postgresql.upkeep`, which `--repair` restores the way
+`optimize` does).
 
 The expected objects are the typed snapshots of `hermes_store.declarations` (the search
 layout SQLite's check expects too, and the display triggers of the store's application
@@ -35,6 +38,7 @@ from hermes_store.declared import Declared, declared_objects, newest_app_version
 from hermes_store.engine import translate_error
 from hermes_store.errors import StoreError
 from hermes_store.maintenance import CheckResult, RepairResult
+from hermes_store.postgresql import upkeep
 from hermes_store.postgresql.maintenance import store_tables
 from hermes_store.postgresql.migration import facts
 from hermes_store.revisions import script_directory
@@ -236,9 +240,68 @@ def check_server(conn: Connection, *, quick: bool = False) -> CheckResult:
             f"the store is below application schema {DISPLAY_VERSION}, which creates them"
         )
     _check_btrees(conn, report, indexes, quick=quick)
+    _check_upkeep(conn, report, tables)
     if conn.in_transaction():
         conn.rollback()
     return report.result
+
+
+#: The item under which pending lists that could not be measured are listed.
+PENDING_ITEM = "GIN pending lists"
+
+
+def _check_upkeep(conn: Connection, report: _Report, tables: list[str]) -> None:
+    """The planner's statistics of each table, and each GIN index's pending list (see
+    :mod:`hermes_store.postgresql.upkeep` for the thresholds)."""
+    for table in tables:
+        report(f"statistics {table}", upkeep.statistics_problem(conn, table))
+    gin = upkeep.gin_indexes(conn, tables)
+    if not gin:
+        return
+    pending = upkeep.pending_lists(conn, [name for name, _table in gin])
+    page = upkeep.block_size(conn)
+    if isinstance(pending, str):
+        _estimate_pending(conn, report, gin, pending, page)
+        return
+    for name, found in pending.items():
+        problem = None
+        if upkeep.too_long(found, page):
+            problem = (
+                f"{found.pages:,} pages ({found.rows:,} rows) wait in its pending list, over "
+                f"{upkeep.PENDING_LIST_BYTES // 1024:,} kB, and every search reads them: "
+                "run `hermes-store optimize`"
+            )
+        report(f"pending list {name}", problem)
+
+
+def _estimate_pending(
+    conn: Connection, report: _Report, gin: list[tuple[str, str]], why: str, page: int
+) -> None:
+    """Without pgstattuple: each pending list estimated from what a search reads; those
+    that cannot be are listed as not measured, never passed."""
+    unmeasured: list[tuple[str, str]] = []
+    for name, table in gin:
+        pages = upkeep.estimate_pending_pages(conn, name)
+        if pages is None:
+            unmeasured.append((name, table))
+            continue
+        problem = None
+        if upkeep.too_long(upkeep.Pending(pages, 0), page):
+            problem = (
+                f"about {pages:,} pages wait in its pending list (estimated without "
+                f"{upkeep.PGSTATTUPLE} from the pages a search reads), over "
+                f"{upkeep.PENDING_LIST_BYTES // 1024:,} kB, and every search reads them: "
+                "run `hermes-store optimize`"
+            )
+        report(f"pending list {name}", problem)
+    if unmeasured:
+        written = upkeep.written_since_vacuum(conn, sorted({table for _n, table in unmeasured}))
+        since = ", ".join(f"{count:,} into {table}" for table, count in written.items())
+        names = ", ".join(name for name, _table in unmeasured)
+        report.result.skipped[PENDING_ITEM] = (
+            f"{names}: could not be measured: {why}; rows inserted since the last vacuum, "
+            f"which bound what can be pending: {since or 'unknown'}"
+        )
 
 
 def _check_search(
@@ -439,6 +502,7 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
                 name = item.removeprefix("amcheck ")
                 auto.execute(text(f'REINDEX INDEX CONCURRENTLY "{name}"'))
                 result.repaired[name] = f"REINDEX INDEX CONCURRENTLY ({problems[item]})"
+        _repair_upkeep(auto, problems, result)
         if "search layout" in problems:
             result.refused = (
                 "the search layout recorded in state_meta is not PostgreSQL's: run "
@@ -447,6 +511,19 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
     with engine.connect() as conn:
         result.after = check_server(conn, quick=quick)
     return result
+
+
+def _repair_upkeep(auto: Connection, problems: Mapping[str, str], result: RepairResult) -> None:
+    """What `optimize` does, for the pending lists and statistics the check found wanting:
+    gin_clean_pending_list on each index named, VACUUM (ANALYZE) of each table."""
+    indexes = [i.removeprefix("pending list ") for i in problems if i.startswith("pending list ")]
+    tables = [i.removeprefix("statistics ") for i in problems if i.startswith("statistics ")]
+    pages, _rows, _refused = upkeep.clean_pending_lists(auto, indexes)
+    for name, removed in pages.items():
+        result.repaired[f"pending list {name}"] = f"gin_clean_pending_list: {removed:,} pages"
+    done, _not_done = upkeep.vacuum_analyze(auto, tables)
+    for table in done:
+        result.repaired[f"statistics {table}"] = "VACUUM (ANALYZE)"
 
 
 _CREATE_INDEX = re.compile(r"^\s*CREATE\s+(UNIQUE\s+)?INDEX\s+(?:IF\s+NOT\s+EXISTS\s+)?", re.I)

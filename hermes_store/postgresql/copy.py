@@ -4,19 +4,21 @@ target database written.
 The copy's algorithm (``hermes_store.copy``) reaches these through the PostgreSQL backend:
 the transaction mode that makes a whole run read one snapshot, what identifies a database
 beyond its URL, the messages' id sequence, the server's diagnostics of a refused batch, and
-the statistics a large copy leaves for the planner.
+the VACUUM (ANALYZE) that leaves the planner statistics and the GIN indexes merged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store.backend import CopyUpkeep
 from hermes_store.engine import create_store_engine
-from hermes_store.postgresql import migration
+from hermes_store.postgresql import migration, upkeep
 
 #: The port a URL without one names.
 DEFAULT_PORT = 5432
@@ -100,8 +102,18 @@ def refusal_reason(error: BaseException | None) -> str:
     return reason
 
 
-def finish_target(conn: Connection) -> None:
-    """ANALYZE: the planner's statistics of the new rows before the agent's first query
-    (autovacuum would gather them only later)."""
-    with conn.begin():
-        conn.execute(text("ANALYZE"))
+def finish_target(
+    conn: Connection,
+    tables: Sequence[str],
+    progress: Callable[[str, int, int], None] | None = None,
+) -> CopyUpkeep:
+    """VACUUM (ANALYZE) of each table the copy filled, whatever it wrote: the planner's
+    statistics of the new rows and the GIN indexes' pending lists merged before the
+    agent's first query (autovacuum, when it is on at all, would come round only later).
+    Run on a connection of its own in autocommit, as VACUUM must be (``conn`` keeps its
+    transactions); a table the server refuses (a lock held past the busy timeout) is
+    named, and `optimize` does it later."""
+    with conn.engine.connect() as own:
+        auto = own.execution_options(isolation_level="AUTOCOMMIT")
+        done, refused = upkeep.vacuum_analyze(auto, tables, progress)
+    return CopyUpkeep("VACUUM (ANALYZE)", done, refused)

@@ -1,23 +1,28 @@
-"""Keeping a PostgreSQL store healthy: counts, and optimize (`VACUUM (ANALYZE)`).
+"""Keeping a PostgreSQL store healthy: counts, and optimize (GIN pending lists cleaned,
+then `VACUUM (ANALYZE)`).
 
 The counterpart of :mod:`hermes_store.sqlite.maintenance` for a database server: there is no
 file to shrink, no WAL to checkpoint and no FTS5 segment to merge. What `optimize` means
-there is a plain VACUUM of the store's tables (dead row versions made reusable, the
-visibility map and the GIN indexes' pending lists brought up to date) with ANALYZE (the
-planner's statistics, which the search's expression indexes depend on). It never takes
-VACUUM FULL's exclusive lock: the agent keeps writing while it runs.
+there is ``gin_clean_pending_list`` on each GIN index of the store (the entries that wait in
+its pending list, which every search reads whole, moved into the index proper; the pages
+it removed are reported), then a plain VACUUM of the store's tables (dead row versions made
+reusable, the visibility map brought up to date) with ANALYZE (the planner's statistics,
+which the search's expression indexes depend on). It never takes VACUUM FULL's exclusive
+lock: the agent keeps writing while it runs. See docs/operations.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
 from hermes_store.maintenance import StoreStats, View, human_bytes, store_counts
 from hermes_store.models import Base
+from hermes_store.postgresql import upkeep
 from hermes_store.postgresql.migration import ALEMBIC_TABLE, relations
+from hermes_store.progress import Phase, Report
 
 
 def server_stats(conn: Connection) -> StoreStats:
@@ -38,13 +43,21 @@ def stats_of(engine: Engine) -> StoreStats:
 
 @dataclass
 class ServerOptimizeResult:
-    """What `VACUUM (ANALYZE)` did: the tables it ran on and the store's bytes around it."""
+    """What optimize did: the pending pages it cleaned from each GIN index (and the rows
+    they held, when pgstattuple can tell), the tables VACUUM (ANALYZE) ran on and the
+    store's bytes around it."""
 
     bytes_before: int
     bytes_after: int
     tables: list[str]
     vacuumed: bool = True
     analyzed: bool = True
+    #: GIN index -> pages gin_clean_pending_list removed from its pending list.
+    pending_pages_cleaned: dict[str, int] = field(default_factory=dict)
+    #: GIN index -> rows whose entries those pages held (None: pgstattuple not readable).
+    pending_rows_cleaned: dict[str, int] | None = None
+    #: Index or table -> why the server refused to clean or vacuum it.
+    refused: dict[str, str] = field(default_factory=dict)
 
     @property
     def reclaimed(self) -> int:
@@ -58,12 +71,23 @@ class ServerOptimizeResult:
 
     def view(self) -> View:
         """The tables vacuumed and what the store's bytes did."""
-        return [
+        lines: View = [
             f"VACUUM (ANALYZE) of {len(self.tables)} tables: "
             f"{human_bytes(self.bytes_before)} -> {human_bytes(self.bytes_after)} "
             f"(reclaimed {human_bytes(self.reclaimed)}); dead rows made reusable and the "
             "planner's statistics refreshed"
         ]
+        if self.pending_pages_cleaned:
+            pages = sum(self.pending_pages_cleaned.values())
+            each = ", ".join(f"{n} {p:,}" for n, p in self.pending_pages_cleaned.items())
+            rows = self.pending_rows_cleaned
+            held = f", {sum(rows.values()):,} rows" if rows is not None else ""
+            lines.append(
+                f"GIN pending lists cleaned: {pages:,} pages{held} moved into the indexes ({each})"
+            )
+        for name, reason in self.refused.items():
+            lines.append(f"not done on {name}: {reason}")
+        return lines
 
 
 def store_bytes(conn: Connection) -> int:
@@ -86,19 +110,38 @@ def store_tables(conn: Connection) -> list[str]:
     return [name for name in owned if name in present]
 
 
-def optimize_server(engine: Engine) -> ServerOptimizeResult:
-    """VACUUM (ANALYZE) each of the store's tables, outside any transaction (as VACUUM
-    requires), one table at a time."""
+def optimize_server(engine: Engine, report: Report | None = None) -> ServerOptimizeResult:
+    """Clean each GIN index's pending list, then VACUUM (ANALYZE) each of the store's
+    tables, outside any transaction (as VACUUM requires), one table at a time; ``report``
+    is told each step as it starts."""
     with engine.connect() as conn:
         before = store_bytes(conn)
         tables = store_tables(conn)
     with engine.connect() as conn:
         auto = conn.execution_options(isolation_level="AUTOCOMMIT")
-        for table in tables:
-            auto.execute(text(f'VACUUM (ANALYZE) "{table}"'))
+        indexes = [name for name, _table in upkeep.gin_indexes(auto, tables)]
+        if report is not None:
+            report(Phase("merge", "GIN pending lists cleaned", 0, len(indexes), "indexes"))
+        pages, rows, refused = upkeep.clean_pending_lists(auto, indexes)
+
+        def tell(table: str, done: int, total: int) -> None:
+            if report is not None and done < total:
+                label = f"VACUUM (ANALYZE) {table}"
+                report(Phase("vacuum", label, done, total, "tables", item=table))
+
+        done, not_vacuumed = upkeep.vacuum_analyze(auto, tables, tell)
     with engine.connect() as conn:
         after = store_bytes(conn)
-    return ServerOptimizeResult(before, after, tables)
+    return ServerOptimizeResult(
+        before,
+        after,
+        done,
+        vacuumed=not not_vacuumed,
+        analyzed=not not_vacuumed,
+        pending_pages_cleaned=pages,
+        pending_rows_cleaned=rows,
+        refused={**refused, **not_vacuumed},
+    )
 
 
 __all__ = [

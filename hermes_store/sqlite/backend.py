@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hermes_store.backend import Backend, Features
+from hermes_store.backend import Backend, CopyUpkeep, Features
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -305,5 +305,10 @@ class SQLiteBackend(Backend):
 
         return copy.refusal_reason(error)
 
-    def finish_copy_target(self, conn: Connection) -> None:
+    def finish_copy_target(
+        self,
+        conn: Connection,
+        tables: Sequence[str],
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> CopyUpkeep | None:
         return None  # SQLite's planner needs no statistics gathered for the copied rows
