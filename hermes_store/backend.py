@@ -204,9 +204,9 @@ class Backend:
 
     def after_revisions(
         self, conn: Connection, request: Request, report: Report
-    ) -> tuple[dict[str, str], tuple[str, ...]]:
-        """What every upgrade does after its revisions: (what was healed, indexes a
-        deferred backfill still has to fill)."""
+    ) -> tuple[dict[str, str], dict[str, int]]:
+        """What every upgrade does after its revisions: (what was healed, the rows a
+        deferred backfill still has to fill, by index)."""
         raise NotImplementedError
 
     def interruption(

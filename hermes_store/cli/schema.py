@@ -33,7 +33,6 @@ from hermes_store.revisions import script_directory
 
 # What a deferred backfill still has to do: the library's, shown by upgrade, current,
 # optimize-storage and stats.
-from hermes_store.sqlite.storage import backfill_status
 
 
 @click.command()
@@ -134,49 +133,8 @@ def upgrade(
     if as_json:
         emit_json({**result.as_dict(), "seconds": round(elapsed, 3)})
         return
-    if result.before == result.after and not result.adopted and not result.healed:
-        say(f"already at {result.to_revision}: nothing to do ({elapsed:.2f} s)")
-    else:
-        if result.from_revision is not None:
-            origin = result.from_revision
-        elif result.adopted is not None:
-            origin = f"legacy schema {result.adopted} (unversioned)"
-        else:
-            origin = "(new store)"
-        say(f"{origin} -> {result.to_revision} in {elapsed:.2f} s")
-    say(
-        f"application schema: {result.schema_before or '-'} -> {result.schema_after}; "
-        f"search layout: {result.layout_before} -> {result.layout_after}"
-    )
-    if (rebuild_fts or deferred_fts) and result.layout_before == "external":
-        say(
-            "note: the search indexes were already external: --rebuild-fts / --deferred-fts "
-            "had nothing to convert"
-        )
-    if result.restamped:
-        say(
-            "this store had been stamped 22 by an earlier hermes-store: its versions now say "
-            "what it has"
-        )
-    if result.layout_after == "application":
-        say(
-            "search indexes: the Hermes application's own layout, left as it is "
-            "(hermes-store search refuses it; use the agent's search)"
-        )
-    for item, why in result.healed.items():
-        say(f"repaired {item} ({why})")
-    if result.backup is not None:
-        say(f"backup of the store as it was: {result.backup.path}")
-    if result.pending_backfill:
-        with operator_errors():
-            engine = open_existing(db)
-            with engine.connect() as conn:
-                waiting = backfill_status(conn)
-        for index, status in waiting.items():
-            say(
-                f"{index}: {status['rows_left']} rows left to index: run "
-                "`hermes-store optimize-storage`"
-            )
+    for line in result.view(elapsed, fts_choice=rebuild_fts or deferred_fts):
+        say(line)
 
 
 def _refuse_options_of_another_database(

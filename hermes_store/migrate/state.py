@@ -215,11 +215,54 @@ class UpgradeResult:
     restamped: bool = False
     #: Indexes a deferred backfill still has to fill (`hermes-store optimize-storage`).
     pending_backfill: tuple[str, ...] = ()
+    #: The messages each of those indexes still has to take in.
+    rows_left: dict[str, int] = field(default_factory=dict)
     #: Search objects restored and indexes rebuilt because they were damaged -> why.
     healed: dict[str, str] = field(default_factory=dict)
     #: The longest write transaction of the revisions and the steps after them, in seconds:
     #: how long the agent could not write at most.
     longest_write_lock_s: float = 0.0
+
+    def view(self, seconds: float, *, fts_choice: bool = False) -> list[str]:
+        """What the upgrade did, for a person: one line per fact (``fts_choice``: the
+        operator asked for --rebuild-fts or --deferred-fts)."""
+        if self.before == self.after and not self.adopted and not self.healed:
+            lines = [f"already at {self.to_revision}: nothing to do ({seconds:.2f} s)"]
+        else:
+            if self.from_revision is not None:
+                origin = self.from_revision
+            elif self.adopted is not None:
+                origin = f"legacy schema {self.adopted} (unversioned)"
+            else:
+                origin = "(new store)"
+            lines = [f"{origin} -> {self.to_revision} in {seconds:.2f} s"]
+        lines.append(
+            f"application schema: {self.schema_before or '-'} -> {self.schema_after}; "
+            f"search layout: {self.layout_before} -> {self.layout_after}"
+        )
+        if fts_choice and self.layout_before == "external":
+            lines.append(
+                "note: the search indexes were already external: --rebuild-fts / "
+                "--deferred-fts had nothing to convert"
+            )
+        if self.restamped:
+            lines.append(
+                "this store had been stamped 22 by an earlier hermes-store: its versions now "
+                "say what it has"
+            )
+        if self.layout_after == "application":
+            lines.append(
+                "search indexes: the Hermes application's own layout, left as it is "
+                "(hermes-store search refuses it; use the agent's search)"
+            )
+        lines += [f"repaired {item} ({why})" for item, why in self.healed.items()]
+        if self.backup is not None:
+            lines.append(f"backup of the store as it was: {self.backup.path}")
+        lines += [
+            f"{index}: {rows} rows left to index: run `hermes-store optimize-storage`"
+            for index, rows in self.rows_left.items()
+        ]
+        return lines
 
     @property
     def from_revision(self) -> str | None:

@@ -306,7 +306,8 @@ def migrate_store(
         backup=session.prepared.backup,
         adopted=session.prepared.adopted,
         restamped=session.prepared.restamped,
-        pending_backfill=pending,
+        pending_backfill=tuple(pending),
+        rows_left=pending,
         healed=healed,
         longest_write_lock_s=round(max(session.locks), 3),
     )

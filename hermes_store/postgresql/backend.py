@@ -145,9 +145,9 @@ class PostgreSQLBackend(Backend):
 
     def after_revisions(
         self, conn: Connection, request: Request, report: Report
-    ) -> tuple[dict[str, str], tuple[str, ...]]:
+    ) -> tuple[dict[str, str], dict[str, int]]:
 
-        return {}, ()  # no search mechanism to heal, no backfill: the revisions build it
+        return {}, {}  # no search mechanism to heal, no backfill: the revisions build it
 
     def interruption(
         self, request: Request, phase: Phase | None, before: StoreState | None, *, created: bool

@@ -134,7 +134,7 @@ class SQLiteBackend(Backend):
 
     def after_revisions(
         self, conn: Connection, request: Request, report: Report
-    ) -> tuple[dict[str, str], tuple[str, ...]]:
+    ) -> tuple[dict[str, str], dict[str, int]]:
         from hermes_store.sqlite import migration
 
         return migration.after_revisions(conn, request, report)

@@ -279,12 +279,12 @@ def around_revisions(
 
 def after_revisions(
     conn: Connection, request: Request, report: Report
-) -> tuple[dict[str, str], tuple[str, ...]]:
+) -> tuple[dict[str, str], dict[str, int]]:
     """What every upgrade does after its revisions (see :func:`finish_upgrade`); then the
-    indexes a deferred backfill still has to fill."""
+    rows a deferred backfill still has to fill, by index."""
     healed = finish_upgrade(conn, report) if request.upgrading else {}
     with joined_transaction(conn):
-        pending = tuple(item.index for item in backfill.pending(conn))
+        pending = {item.index: backfill.rows_left(conn, item) for item in backfill.pending(conn)}
     return healed, pending
 
 
