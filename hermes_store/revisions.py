@@ -11,9 +11,10 @@ the revisions are read, so that the command's help can name the versions at no c
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from hermes_store.errors import StoreError
 
@@ -32,6 +33,26 @@ FIRST_APP_VERSION = 17
 #: branch by the merge revision that is the single head.
 LAST_APP_VERSION = 30
 APP_VERSIONS = tuple(range(FIRST_APP_VERSION, LAST_APP_VERSION + 1))
+
+
+#: The revisions that read the store to decide what to do, and why: their SQL cannot be
+#: written out offline (``alembic upgrade --sql``), so such a run is refused before any SQL
+#: is written. Each revision says the same in its own ``OFFLINE_REFUSAL``;
+#: tests/test_schema_versions.py holds the two equal.
+OFFLINE_REFUSALS: Final[Mapping[str, str]] = {
+    "18": (
+        "it reads the gateway's sessions.json and the store's columns to backfill the "
+        "gateway metadata"
+    ),
+    "22": ("it reads the columns of session_model_usage to decide how to rebuild it"),
+    "23": ("it reads the word index's declaration to decide whether to set the flag"),
+    "24": ("it adds only the columns each table of the store lacks, which it reads"),
+    "25": (
+        "it moves each session's system prompt into system_prompts with a hash computed in Python"
+    ),
+    "30": ("it reads the store's columns, triggers and search layout to decide what to change"),
+    "fts1": ("it verifies the legacy index against the messages before converting it in place"),
+}
 #: The branch of the search layout, apart from the application's numbered chain.
 FTS_BRANCH = "fts"
 #: The revision of this package that first moved the indexes to external content.

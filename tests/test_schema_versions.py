@@ -100,3 +100,17 @@ def test_no_library_module_names_the_newest_version_but_the_constant() -> None:
             if _VERSION_LITERAL.search(line):
                 found.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_the_library_knows_which_revisions_cannot_be_written_offline() -> None:
+    """The library refuses `--sql` from its own table, never from a revision's attribute:
+    the table and the revisions' OFFLINE_REFUSAL must say the same."""
+    from hermes_store.revisions import OFFLINE_REFUSALS, script_directory
+
+    declared = {
+        script.revision: script.module.OFFLINE_REFUSAL
+        for script in script_directory().walk_revisions()
+        if getattr(script.module, "OFFLINE_REFUSAL", None)
+    }
+    assert declared, "no revision declares OFFLINE_REFUSAL: the table checks nothing"
+    assert dict(OFFLINE_REFUSALS) == declared

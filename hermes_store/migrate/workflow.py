@@ -52,7 +52,7 @@ from hermes_store.migrate.state import (
     truthy,
 )
 from hermes_store.progress import Phase, Report, Tracker, quiet
-from hermes_store.revisions import head_revision, script_directory
+from hermes_store.revisions import OFFLINE_REFUSALS, head_revision, script_directory
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _refuse_what_needs_the_store(context: EnvironmentContext) -> None:
         return
     for step in plan(migration.get_current_heads(), migration):
         revision: Any = getattr(step, "revision", None)
-        why = getattr(getattr(revision, "module", None), "OFFLINE_REFUSAL", None)
+        why = OFFLINE_REFUSALS.get(getattr(revision, "revision", ""))
         if why:
             raise CommandError(
                 f"revision {revision.revision} cannot be written as offline SQL: {why}. "
