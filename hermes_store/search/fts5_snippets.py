@@ -27,6 +27,7 @@ from typing import Any
 from hermes_store.declarations import SQLITE
 from hermes_store.search import snippet as fts5_snippet
 from hermes_store.search.query import (
+    MAX_SEARCH_TERMS,
     TRIGRAM_INDEX,
     Highlight,
     QuerySyntaxError,
@@ -39,6 +40,7 @@ __all__ = [
     "MEMORY_BATCH_CHARS",
     "SNIPPET_EXACT_BYTES",
     "SNIPPET_SQL",
+    "cheap_bytes",
     "marks_of",
     "memory_indexes",
     "memory_snippets",
@@ -67,6 +69,17 @@ def marks_of(route: Route) -> Highlight | None:
         return None
 
 
+def cheap_bytes(route: Route) -> int:
+    """The indexed texts too short to hold more than EXACT_INSTANCES instances of the
+    query's phrases (at most one per phrase a token; a word token and its separator take
+    two bytes, a trigram one): their FTS5 snippet is cheap whatever they hold (SQLite's
+    search statement makes it)."""
+    marks = marks_of(route)
+    phrases = max(len(marks.phrases) if marks else MAX_SEARCH_TERMS, 1)
+    bytes_per_token = 1 if route.index == TRIGRAM_INDEX else 2
+    return fts5_snippet.EXACT_INSTANCES * bytes_per_token // phrases - 1
+
+
 def snippets_of(
     route: Route,
     texts: Mapping[int, object],
@@ -83,11 +96,15 @@ def snippets_of(
     phrases: list[Any] = []
     if marks is not None:
         phrases = [phrase[0][0] for phrase in marks.phrases] if trigram else list(marks.phrases)
+    cheap = cheap_bytes(route)
     exact: list[int] = []
     snippets: dict[int, str] = {}
     for hit_id, data in texts.items():
         if not isinstance(data, bytes) or len(data) <= made_bytes:
             continue  # a NULL text's snippet, or one FTS5 made
+        if len(data) <= cheap:  # too short for too many instances: nothing to count
+            exact.append(hit_id)
+            continue
         text = data.decode("utf-8", "replace")
         if marks is None or (
             len(data) <= SNIPPET_EXACT_BYTES

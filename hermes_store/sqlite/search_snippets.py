@@ -16,14 +16,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, LargeBinary, bindparam, func, select
 
 from hermes_store.prepared import Prepared
-from hermes_store.search import snippet as fts5_snippet
 from hermes_store.search.fts5_snippets import (
     SNIPPET_EXACT_BYTES,
     SNIPPET_SQL,
-    marks_of,
+    cheap_bytes,
     snippets_of,
 )
-from hermes_store.search.query import MAX_SEARCH_TERMS, TRIGRAM_INDEX, Route
+from hermes_store.search.query import Route
 from hermes_store.search.schema import M
 from hermes_store.sqlite.search_state import Runner
 
@@ -58,16 +57,6 @@ def _prepared_texts() -> Prepared:
             M.c.id.in_(bindparam("ids", expanding=True))
         )
     )
-
-
-def cheap_bytes(route: Route) -> int:
-    """The indexed texts whose FTS5 snippet the search statement computes: those too short
-    to hold more than EXACT_INSTANCES instances of the query's phrases (at most one per
-    phrase a token; a word token and its separator take two bytes, a trigram one)."""
-    marks = marks_of(route)
-    phrases = max(len(marks.phrases) if marks else MAX_SEARCH_TERMS, 1)
-    bytes_per_token = 1 if route.index == TRIGRAM_INDEX else 2
-    return fts5_snippet.EXACT_INSTANCES * bytes_per_token // phrases - 1
 
 
 def bounded_snippets(on: Runner, route: Route, table: str, rows: list[dict[str, Any]]) -> None:
