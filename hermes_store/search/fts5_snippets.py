@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -144,9 +145,11 @@ def memory_indexes() -> frozenset[str]:
 
 
 class _Connections(threading.local):
-    """One in-memory connection per thread (sqlite3 connections stay in their thread)."""
+    """One in-memory connection per thread (sqlite3 connections stay in their thread), and
+    per process (SQLite's connections are not to be used across a fork)."""
 
     db: sqlite3.Connection | None = None
+    pid: int = 0
 
 
 _LOCAL = _Connections()
@@ -156,7 +159,7 @@ def _memory() -> sqlite3.Connection:
     """This thread's in-memory connection, its tables declared as the store's indexes (and
     always empty: every use is rolled back)."""
     db = _LOCAL.db
-    if db is None:
+    if db is None or _LOCAL.pid != os.getpid():
         db = sqlite3.connect(":memory:", isolation_level=None)
         # FTS5 copies whole tokens and FTS5 text is valid UTF-8 in, valid out; should a
         # snippet ever not decode, it reads as SQLite's lenient reading gives it.
@@ -164,7 +167,7 @@ def _memory() -> sqlite3.Connection:
         for index in SQLITE.indexes:
             if index.name in memory_indexes():
                 db.execute(index.inline_sql)
-        _LOCAL.db = db
+        _LOCAL.db, _LOCAL.pid = db, os.getpid()
     return db
 
 
