@@ -20,10 +20,12 @@ planner held to a bitmap scan of the search index (_BY_INDEX): it takes the inde
 expression for cheap and would rather re-tokenise every row. Rank is ``ts_rank_cd`` (word
 path) or pg_trgm's ``similarity`` (trigram path), higher first, not FTS5's BM25; ties go
 to the lower id. Only the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES are
-ranked; older ones follow them, newest first. Snippets are made in Python from the indexed
-text of the page's hits (:mod:`hermes_store.search.snippet`), bounded past
-SNIPPET_EXACT_BYTES or EXACT_INSTANCES. docs/search.md, "PostgreSQL", lists every
-difference from SQLite.
+ranked; older ones follow them, newest first. Snippets are FTS5's own, made by the
+sqlite3 module's FTS5 over the indexed text of the page's hits in memory
+(:mod:`hermes_store.search.fts5_snippets`), by SQLite's rules for huge messages; where the
+running sqlite3 has no FTS5 (or no trigram tokenizer), by the pure-Python reproduction
+(:mod:`hermes_store.search.snippet`), bounded past SNIPPET_EXACT_BYTES or EXACT_INSTANCES.
+docs/search.md, "PostgreSQL", lists every difference from SQLite.
 """
 
 from __future__ import annotations
@@ -64,11 +66,13 @@ from hermes_store.search.context import (
     contexts_of,
     windows_of,
 )
+from hermes_store.search.fts5_snippets import memory_indexes, memory_snippets, snippets_of
 from hermes_store.search.pipeline import Found, Plan
 from hermes_store.search.query import (
     TRIGRAM_INDEX,
     WORD_INDEX,
     And,
+    Highlight,
     Near,
     Node,
     Not,
@@ -111,10 +115,11 @@ SNIPPET_TOKENS = 40
 LIKE_SNIPPET_BEFORE = 40
 LIKE_SNIPPET_LENGTH = 120
 SNIPPET_MARKS = {"start": ">>>", "end": "<<<", "ellipsis": "..."}
-#: A hit's snippet is FTS5's (reproduced in Python) when its indexed text is at most this
-#: many bytes and holds at most fts5_snippet.EXACT_INSTANCES instances of the query's
-#: phrases; otherwise bounded, as on SQLite past its own (larger) limit: the Python
-#: tokenizer costs about 1 ms per 4 KB, FTS5's C nothing like it.
+#: Without FTS5 in the running sqlite3, a hit's snippet is FTS5's (reproduced in Python)
+#: when its indexed text is at most this many bytes and holds at most
+#: fts5_snippet.EXACT_INSTANCES instances of the query's phrases; otherwise bounded, as on
+#: SQLite past its own (larger) limit: the Python tokenizer costs about 1 ms per 4 KB,
+#: FTS5's C nothing like it. With FTS5 the limit is SQLite's (fts5_snippets).
 SNIPPET_EXACT_BYTES = 64 * 1024
 #: Up to this NEAR distance a two-phrase NEAR group is translated exactly (an OR of the
 #: ``<N>`` distances, both orders); beyond, and for three phrases or more, as the AND of
@@ -574,6 +579,40 @@ def _exact(text: str, phrases: Sequence[Any], *, trigram: bool) -> bool:
     return size <= SNIPPET_EXACT_BYTES and (exact_is_bounded(text, phrases, trigram=trigram))
 
 
+def _memory_snippets(route: Route, documents: dict[int, str]) -> dict[int, str]:
+    """The hits' snippets by SQLite's rules (fts5_snippets.snippets_of): FTS5's own, made in
+    memory, or bounded. A hit the MATCH does not select in memory (PostgreSQL's answer is
+    a superset of FTS5's for some queries: docs/search.md) has none here."""
+    assert route.index is not None
+    texts = {hit_id: text.encode("utf-8") for hit_id, text in documents.items()}
+
+    def fts5(ids: list[int]) -> Iterable[tuple[int, str]]:
+        chosen = {hit_id: documents[hit_id] for hit_id in ids}
+        return memory_snippets(str(route.index), route.match, chosen).items()
+
+    return snippets_of(route, texts, fts5)
+
+
+def _pure_snippet(text: str, route: Route, marks: Highlight) -> str:
+    """A hit's snippet in pure Python: FTS5's reproduced up to SNIPPET_EXACT_BYTES, bounded
+    past it."""
+    if route.index == TRIGRAM_INDEX:
+        substrings = [phrase[0][0] for phrase in marks.phrases]
+        exact = _exact(text, substrings, trigram=True)
+        return (trigram_snippet if exact else bounded_trigram_snippet)(
+            text, substrings, groups=marks.groups, tokens=SNIPPET_TOKENS, **SNIPPET_MARKS
+        )
+    exact = _exact(text, marks.phrases, trigram=False)
+    return (word_snippet if exact else bounded_word_snippet)(
+        text,
+        marks.phrases,
+        near=marks.near,
+        groups=marks.groups,
+        tokens=SNIPPET_TOKENS,
+        **SNIPPET_MARKS,
+    )
+
+
 def _documents(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
     """The indexed text of the page's hits, as the data layer gives text (NUL as NUL)."""
     statement = select(M.c.id, _document()).where(M.c.id.in_(bindparam("ids", expanding=True)))
@@ -649,32 +688,23 @@ class PostgreSQLSearch:
         return Found(rows, like, from_index=False)
 
     def snippets(self, found: Found) -> None:
-        """The word and trigram paths' snippets, made in Python from the indexed text of
-        the page's hits (FTS5's own up to SNIPPET_EXACT_BYTES, bounded past it)."""
+        """The word and trigram paths' snippets, from the indexed text of the page's hits:
+        FTS5's own snippet() in memory where the running sqlite3 has the index's
+        tokenizer (chosen once), else the pure-Python reproduction."""
         route = found.route
         if not found.from_index or route.index is None:
             return  # the LIKE scan's statement made them
-        trigram = route.index == TRIGRAM_INDEX
-        marks = highlight_of(parse_query(route.match, trigram=trigram))
-        substrings = [phrase[0][0] for phrase in marks.phrases] if trigram else []
         documents = _documents(self.conn, [int(row["id"]) for row in found.rows])
+        made: dict[int, str] = {}
+        if route.index in memory_indexes():
+            made = _memory_snippets(route, documents)
+        marks = highlight_of(parse_query(route.match, trigram=route.index == TRIGRAM_INDEX))
         for row in found.rows:
-            text = documents[int(row["id"])]
-            if trigram:
-                exact = _exact(text, substrings, trigram=True)
-                row["snippet"] = (trigram_snippet if exact else bounded_trigram_snippet)(
-                    text, substrings, groups=marks.groups, tokens=SNIPPET_TOKENS, **SNIPPET_MARKS
-                )
-            else:
-                exact = _exact(text, marks.phrases, trigram=False)
-                row["snippet"] = (word_snippet if exact else bounded_word_snippet)(
-                    text,
-                    marks.phrases,
-                    near=marks.near,
-                    groups=marks.groups,
-                    tokens=SNIPPET_TOKENS,
-                    **SNIPPET_MARKS,
-                )
+            hit_id = int(row["id"])
+            snippet = made.get(hit_id)
+            row["snippet"] = (
+                _pure_snippet(documents[hit_id], route, marks) if snippet is None else snippet
+            )
 
     def contexts(self, hit_ids: Sequence[int]) -> dict[int, list[ContextMessage]]:
         try:

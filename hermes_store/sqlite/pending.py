@@ -14,11 +14,12 @@ from sqlalchemy import ColumnElement, LargeBinary, String, and_, bindparam, fals
 
 from hermes_store.prepared import Prepared
 from hermes_store.search.context import chunks
+from hermes_store.search.fts5_snippets import SNIPPET_SQL, snippets_of
 from hermes_store.search.query import TRIGRAM_INDEX, WORD_INDEX, Route, escape_like
 from hermes_store.search.schema import RESULT_COLUMNS, RESULT_KEYS, Filters, M, S, filter_criteria
 from hermes_store.sqlite import fts
 from hermes_store.sqlite.search_reading import TOKENIZERS
-from hermes_store.sqlite.search_snippets import cheap_bytes, snippets_of
+from hermes_store.sqlite.search_snippets import cheap_bytes
 from hermes_store.sqlite.search_state import Runner, State
 
 # -- a deferred backfill in progress --------------------------------------------------------
@@ -206,14 +207,14 @@ def _match_apart(route: Route, rows: list[tuple[int, str]]) -> list[tuple[int, f
     refuses to create another FTS5 table until that transaction ends).
     """
     assert route.index is not None
-    snippet = f"snippet({_PENDING_TABLE}, 0, '>>>', '<<<', '...', 40)"
+    snippet = SNIPPET_SQL.format(_PENDING_TABLE)
     with contextlib.closing(sqlite3.connect(":memory:")) as apart:
         apart.execute(
             f"CREATE VIRTUAL TABLE {_PENDING_TABLE} USING fts5(content{TOKENIZERS[route.index]})"
         )
         apart.executemany(f"INSERT INTO {_PENDING_TABLE}(rowid, content) VALUES (?, ?)", rows)
         # FTS5's snippet where it is cheap whatever the text; the longer ones after it, as
-        # the search statement's (hermes_store.sqlite.search_snippets.snippets_of).
+        # the search statement's (hermes_store.search.fts5_snippets.snippets_of).
         matched = apart.execute(
             f"SELECT rowid, rank, CASE WHEN length(CAST(content AS BLOB)) <= ? THEN {snippet} END "
             f"FROM {_PENDING_TABLE} WHERE {_PENDING_TABLE} MATCH ?",
@@ -232,7 +233,7 @@ def _match_apart(route: Route, rows: list[tuple[int, str]]) -> list[tuple[int, f
                 (route.match, *ids),
             ).fetchall()
 
-        snippets = snippets_of(route, longer, fts5_snippets)
+        snippets = snippets_of(route, longer, fts5_snippets, made_bytes=cheap_bytes(route))
         return [(rowid, rank, snippets.get(rowid, text)) for rowid, rank, text in matched]
 
 

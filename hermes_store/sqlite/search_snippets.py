@@ -2,38 +2,38 @@
 
 Snippets are FTS5's own up to SNIPPET_EXACT_BYTES and snippet.EXACT_INSTANCES (the search
 statement makes those that are cheap whatever the text, :func:`bounded_snippets` the others
-after it); past them, bounded (:mod:`hermes_store.search.snippet`).
+after it); past them, bounded (:mod:`hermes_store.search.snippet`). The rules, the limit
+and the snippet() call are the search package's (:mod:`hermes_store.search.fts5_snippets`),
+shared with PostgreSQL.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, LargeBinary, bindparam, func, select
 
 from hermes_store.prepared import Prepared
-from hermes_store.search import snippet as fts5_snippet
-from hermes_store.search.query import (
-    MAX_SEARCH_TERMS,
-    TRIGRAM_INDEX,
-    Highlight,
-    QuerySyntaxError,
-    Route,
-    highlight_of,
-    parse_query,
+from hermes_store.search.fts5_snippets import (
+    SNIPPET_EXACT_BYTES,
+    SNIPPET_SQL,
+    cheap_bytes,
+    snippets_of,
 )
+from hermes_store.search.query import Route
 from hermes_store.search.schema import M
 from hermes_store.sqlite.search_state import Runner
 
-#: A hit's snippet is FTS5's own snippet() when its indexed text is at most this many bytes
-#: and holds at most fts5_snippet.EXACT_INSTANCES instances of the query's phrases (FTS5's
-#: time grows with their square); otherwise a bounded one (fts5_snippet.bounded_*).
-#: docs/search.md, "Bounds", says where the two differ.
-SNIPPET_EXACT_BYTES = 256 * 1024
-#: The contract's snippet() call, for an FTS5 table's name.
-SNIPPET_SQL = "snippet({}, 0, '>>>', '<<<', '...', 40)"
+__all__ = [
+    "SNIPPET_EXACT_BYTES",
+    "SNIPPET_SQL",
+    "TEXT_COLUMNS",
+    "bounded_snippets",
+    "cheap_bytes",
+    "snippets_of",
+]
 
 TEXT_COLUMNS = (M.c.content, M.c.tool_name, M.c.tool_calls)
 
@@ -59,24 +59,6 @@ def _prepared_texts() -> Prepared:
     )
 
 
-def _marks(route: Route) -> Highlight | None:
-    """What the route's snippets mark (None when the parser cannot tell: FTS5 decides)."""
-    try:
-        return highlight_of(parse_query(route.match, trigram=route.index == TRIGRAM_INDEX))
-    except QuerySyntaxError:
-        return None
-
-
-def cheap_bytes(route: Route) -> int:
-    """The indexed texts whose FTS5 snippet the search statement computes: those too short
-    to hold more than EXACT_INSTANCES instances of the query's phrases (at most one per
-    phrase a token; a word token and its separator take two bytes, a trigram one)."""
-    marks = _marks(route)
-    phrases = max(len(marks.phrases) if marks else MAX_SEARCH_TERMS, 1)
-    bytes_per_token = 1 if route.index == TRIGRAM_INDEX else 2
-    return fts5_snippet.EXACT_INSTANCES * bytes_per_token // phrases - 1
-
-
 def bounded_snippets(on: Runner, route: Route, table: str, rows: list[dict[str, Any]]) -> None:
     """Fill in the snippets the search statement left out (longer texts), of the rows read
     from the index table ``table``."""
@@ -96,45 +78,7 @@ def bounded_snippets(on: Runner, route: Route, table: str, rows: list[dict[str, 
             [route.match, *ids],
         )
 
-    snippets = snippets_of(route, texts, fts5_snippets)
+    snippets = snippets_of(route, texts, fts5_snippets, made_bytes=cheap_bytes(route))
     for row in rows:
         if row["id"] in snippets:
             row["snippet"] = snippets[row["id"]]
-
-
-def snippets_of(
-    route: Route,
-    texts: Mapping[int, object],
-    fts5_snippets: Callable[[list[int]], Iterable[Sequence[Any]]],
-) -> dict[int, str]:
-    """The snippets of the texts (id -> indexed text, as bytes) longer than cheap_bytes:
-    FTS5's own where it stays cheap (SNIPPET_EXACT_BYTES, EXACT_INSTANCES), asked of
-    ``fts5_snippets`` (ids -> (id, snippet) rows); the others bounded."""
-    marks = _marks(route)
-    trigram = route.index == TRIGRAM_INDEX
-    phrases: list[Any] = []
-    if marks is not None:
-        phrases = [phrase[0][0] for phrase in marks.phrases] if trigram else list(marks.phrases)
-    cheap = cheap_bytes(route)
-    exact: list[int] = []
-    snippets: dict[int, str] = {}
-    for hit_id, data in texts.items():
-        if not isinstance(data, bytes) or len(data) <= cheap:
-            continue  # a NULL text's snippet, or one FTS5 made
-        text = data.decode("utf-8", "replace")
-        if marks is None or (
-            len(data) <= SNIPPET_EXACT_BYTES
-            and fts5_snippet.exact_is_bounded(text, phrases, trigram=trigram)
-        ):
-            exact.append(hit_id)
-        elif trigram:
-            snippets[hit_id] = fts5_snippet.bounded_trigram_snippet(
-                text, phrases, groups=marks.groups
-            )
-        else:
-            snippets[hit_id] = fts5_snippet.bounded_word_snippet(
-                text, phrases, near=marks.near, groups=marks.groups
-            )
-    if exact:
-        snippets.update((int(row[0]), row[1]) for row in fts5_snippets(exact))
-    return snippets
