@@ -12,14 +12,19 @@ from collections.abc import Iterator, Sequence
 from sqlalchemy import LargeBinary, bindparam, select
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store.declarations import SQLITE
 from hermes_store.prepared import Prepared
 from hermes_store.search.context import CONTEXT_WINDOW_IDS, chunks
-from hermes_store.search.query import TRIGRAM_INDEX, WORD_INDEX
 from hermes_store.search.schema import M, S
 from hermes_store.sqlite.search_state import Runner
 
 #: Each index's tokenizer, as its FTS5 table declares it (the probe and the pending rows').
-TOKENIZERS = {WORD_INDEX: "", TRIGRAM_INDEX: ", tokenize='trigram'"}
+#: Each index's FTS5 options after its `content` column (its tokenizer), as the declarations
+#: have them.
+TOKENIZERS = {
+    index.name: index.inline_sql.partition("fts5(content")[2].removesuffix(")")
+    for index in SQLITE.indexes
+}
 
 # -- telling a query FTS5 rejects from an index or a row that cannot be read ----------------
 # Both are an OperationalError, mostly "SQL logic error" (SQLITE_ERROR): FTS5 says the same
