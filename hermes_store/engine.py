@@ -17,7 +17,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL, Connection, make_url
@@ -368,42 +368,4 @@ def default_busy_timeout_ms() -> int:
             f"{ENV_BUSY_TIMEOUT}={raw!r}: expected a whole number of milliseconds, from 0 to "
             f"{MAX_BUSY_TIMEOUT_MS}"
         )
-    return value
-
-
-# -- names that moved -----------------------------------------------------------------------
-# SQLite's file handling is in hermes_store.sqlite.engine and hermes_store.sqlite.readonly;
-# modules of other areas still import these names from here. Each is loaded from its new
-# module on first use (so not at start-up), and typed for mypy. New code imports them from
-# their module.
-if TYPE_CHECKING:
-    from hermes_store.sqlite.engine import check_side_files as check_side_files
-    from hermes_store.sqlite.engine import flush_to_disk as flush_to_disk
-    from hermes_store.sqlite.engine import side_files as side_files
-    from hermes_store.sqlite.engine import sqlite_errors as sqlite_errors
-    from hermes_store.sqlite.readonly import connect_read_only as connect_read_only
-    from hermes_store.sqlite.readonly import require_writable as require_writable
-    from hermes_store.sqlite.readonly import writable_problem as writable_problem
-
-_MOVED = {
-    **dict.fromkeys(
-        ("check_side_files", "flush_to_disk", "side_files", "sqlite_errors"),
-        "hermes_store.sqlite.engine",
-    ),
-    **dict.fromkeys(
-        ("connect_read_only", "require_writable", "writable_problem"),
-        "hermes_store.sqlite.readonly",
-    ),
-}
-
-
-def __getattr__(name: str) -> Any:
-    """A name that moved to a backend's engine module, loaded from there when first asked."""
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(module), name)
-    globals()[name] = value
     return value

@@ -19,13 +19,7 @@ from hermes_store.cli.output import emit_records, emit_view, say
 from hermes_store.cli.progress import progress_lines
 from hermes_store.copy import copy_store
 from hermes_store.demo import corpus as corpus_mod
-from hermes_store.engine import (
-    create_store_engine,
-    display_url,
-    make_private_dirs,
-    resolve_url,
-    side_files,
-)
+from hermes_store.engine import create_store_engine, display_url, make_private_dirs, resolve_url
 from hermes_store.errors import (
     NotOnThisDatabase,
     StoreError,
@@ -33,6 +27,7 @@ from hermes_store.errors import (
 from hermes_store.maintenance import human_bytes
 from hermes_store.revisions import LAST_APP_VERSION
 from hermes_store.search import search_messages
+from hermes_store.sqlite.engine import side_files
 from hermes_store.sqlite.storage import StorageReport, report_of
 
 #: The database the demo's own store is in (a file): --db names another one.

@@ -28,13 +28,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 from alembic import context as alembic_context
-from hermes_store.engine import (
-    check_side_files,
-    connect_read_only,
-    joined_transaction,
-    translate_error,
-    writable_problem,
-)
+from hermes_store.engine import joined_transaction, translate_error
 from hermes_store.errors import (
     DiskFull,
     NotADatabase,
@@ -54,6 +48,8 @@ from hermes_store.migrate.state import (
 )
 from hermes_store.revisions import FTS_EXTERNAL_REVISION, script_directory
 from hermes_store.sqlite import fts
+from hermes_store.sqlite.engine import check_side_files
+from hermes_store.sqlite.readonly import connect_read_only, writable_problem
 
 log = logging.getLogger(__name__)
 

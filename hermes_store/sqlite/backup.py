@@ -11,15 +11,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermes_store.engine import (
-    check_side_files,
-    create_store_engine,
-    db_path,
-    resolve_url,
-    side_files,
-    sqlite_errors,
-)
+from hermes_store.engine import create_store_engine, db_path, resolve_url
 from hermes_store.errors import BackupExists, StoreError, StoreNotFound, UnsafePath
+from hermes_store.sqlite.engine import check_side_files, side_files, sqlite_errors
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.pool import NullPool
 
 from hermes_store import migrate
-from hermes_store.engine import connect_read_only, create_store_engine, db_path, display_url, to_url
+from hermes_store.engine import create_store_engine, db_path, display_url, to_url
 from hermes_store.errors import CopyRefused, StoreNotFound
+from hermes_store.sqlite.readonly import connect_read_only
 
 
 def _read_only_engine(path: Path) -> Engine:

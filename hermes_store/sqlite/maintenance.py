@@ -18,13 +18,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store.declared import Declared, app_version, declared_objects
-from hermes_store.engine import (
-    BEGIN_OPTION,
-    db_path,
-    require_writable,
-    sqlite_errors,
-    translate_error,
-)
+from hermes_store.engine import BEGIN_OPTION, db_path, translate_error
 from hermes_store.errors import Interrupted, NotEnoughFreeSpace, StoreError
 from hermes_store.maintenance import (
     CheckResult,
@@ -39,6 +33,7 @@ from hermes_store.progress import Phase, Report, Tracker
 from hermes_store.sqlite import backfill
 from hermes_store.sqlite.backfill import pending, rows_left
 from hermes_store.sqlite.backup import backup_from, default_backup_path, remove_partials
+from hermes_store.sqlite.engine import sqlite_errors
 from hermes_store.sqlite.fts import (
     DIFFERS,
     INDEXES,
@@ -56,6 +51,7 @@ from hermes_store.sqlite.fts import (
     segment_count,
     staged_indexes,
 )
+from hermes_store.sqlite.readonly import require_writable
 from hermes_store.sqlite.space import Need, require_free, sqlite_temp_dir
 
 log = logging.getLogger(__name__)

@@ -25,16 +25,7 @@ from sqlalchemy import Connection, event
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store.declarations import SQLITE
-from hermes_store.engine import (
-    BEGIN_OPTION,
-    ENV_URL,
-    create_store_engine,
-    flush_to_disk,
-    joined_transaction,
-    require_writable,
-    side_files,
-    sqlite_errors,
-)
+from hermes_store.engine import BEGIN_OPTION, ENV_URL, create_store_engine, joined_transaction
 from hermes_store.errors import DiskFull, StoreNotFound
 from hermes_store.migrate.adoption import adopt, inspect_file, read_only, restamp_misstamped
 from hermes_store.migrate.plan import applied_revisions, pending_revisions
@@ -58,7 +49,9 @@ from hermes_store.revisions import (
 from hermes_store.sqlite import backfill, changelog, fts, space
 from hermes_store.sqlite.backup import backup_from
 from hermes_store.sqlite.backup import check_target as check_backup_target
+from hermes_store.sqlite.engine import flush_to_disk, side_files, sqlite_errors
 from hermes_store.sqlite.maintenance import truncate_wal
+from hermes_store.sqlite.readonly import require_writable
 from hermes_store.sqlite.storage import FTS_SHADOWS, backfill_status, btree_bytes, human_bytes
 
 log = logging.getLogger(__name__)
