@@ -163,7 +163,7 @@ def snapshot(path: Path) -> Snapshot:
     return Snapshot(schema(path), probe(path))
 
 
-#: The upgrade's change log (see migrate.verify_ahead), with its triggers' prefix.
+#: The upgrade's change log (see sqlite.migration.verify_ahead), with its triggers' prefix.
 CHANGE_LOG = "hermes_store_conversion_changes"
 
 

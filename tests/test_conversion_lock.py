@@ -81,7 +81,7 @@ def upgrade_with_writes_between(
     """Upgrade ``store``, running ``meanwhile`` (the application writing, say) after the
     verification under the snapshot and before the conversion's write lock. Returns the
     verdicts recorded and, per index, the line the revision logged about it."""
-    real = migrate.verify_ahead
+    real = sqlite_migration.verify_ahead
     verdicts: dict[str, str] = {}
 
     def verify_then_write(conn: Any) -> dict[str, str]:

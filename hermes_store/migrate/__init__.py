@@ -10,8 +10,6 @@ reached through the backend.
 
 from __future__ import annotations
 
-from typing import Any
-
 from hermes_store.migrate.adoption import (
     adopt,
     inspect_file,
@@ -52,19 +50,6 @@ from hermes_store.migrate.workflow import (
 )
 from hermes_store.revisions import head_revision, script_directory
 from hermes_store.sqlite.backup import BackupResult, backup
-
-#: SQLite's part of the workflow, read from its module when asked for (that module imports
-#: this package's modules: importing it here would make a cycle).
-_SQLITE = ("verify_ahead", "check_upgrade_space", "prepare_store")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _SQLITE:
-        from hermes_store.sqlite import migration
-
-        return getattr(migration, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = [
     "APP_VERSION_X",

@@ -404,7 +404,7 @@ def remove_stale_change_log(conn: Connection) -> bool:
 
 
 def has_change_log(conn: Connection) -> bool:
-    """Whether an upgrade's change log is in the store (see migrate.verify_ahead)."""
+    """Whether an upgrade's change log is in the store (see sqlite.migration.verify_ahead)."""
     return _exists(conn, SQLITE.change_log.table)
 
 

@@ -199,7 +199,7 @@ def backfill_status(conn: Connection) -> dict[str, dict[str, Any]]:
             "state": "retired, being freed in steps (`hermes-store optimize` frees it)",
             "rows_left": backfill.retired_rows(conn, table),
         }
-    if backfill.has_change_log(conn):  # see migrate.verify_ahead
+    if backfill.has_change_log(conn):  # see sqlite.migration.verify_ahead
         status["upgrade change log"] = {
             "state": "an upgrade is running or was interrupted; optimize, optimize-storage "
             "or the next upgrade removes it",
