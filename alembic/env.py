@@ -16,6 +16,7 @@ from sqlalchemy.exc import SAWarning
 from alembic import context
 from hermes_store import migrate
 from hermes_store.backend import backend_of
+from hermes_store.declarations import SEARCH_COLUMNS
 from hermes_store.models import Base, expression_indexes
 
 config = context.config
@@ -38,9 +39,11 @@ warnings.filterwarnings(
 
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """Keep autogenerate away from the FTS5 tables, their shadow tables and views, and from
-    PostgreSQL's search indexes (expression indexes the revisions own)."""
+    PostgreSQL's search indexes and stored words (the revisions own them)."""
     if type_ in ("table", "index") and name is not None:
         return not name.startswith(UNOWNED_PREFIXES)
+    if type_ == "column":
+        return name not in SEARCH_COLUMNS
     return True
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 #: The search layout both databases' checks and repairs expect (the FTS branch's head).
-SEARCH_LAYOUT = 1
+SEARCH_LAYOUT = 2
 
 #: `state_meta` key under which this package records the search layout of a store.
 LAYOUT_MARKER = "hermes_store.fts_layout"
@@ -263,6 +263,10 @@ class PostgreSQLLayout:
     indexes: Mapping[str, str]
     #: The value of :data:`LAYOUT_MARKER` it records.
     marker: str
+    #: The tsvector column of `messages` that holds each row's words (None: not stored).
+    words_column: str | None = None
+    #: The triggers on `messages` that keep that column exact.
+    row_triggers: tuple[PostgreSQLTrigger, ...] = ()
 
 
 POSTGRESQL_FTS1 = PostgreSQLLayout(
@@ -430,10 +434,60 @@ EXECUTE FUNCTION messages_display_identity_delete()
 )
 
 
+# -- layout 2: the words stored (PostgreSQL); nothing changes on SQLite ---------------------
+
+#: On SQLite revision fts2 changes nothing: FTS5 keeps positions already.
+SQLITE_FTS2 = replace(SQLITE_FTS1, version=2, revision="fts2")
+
+#: The column revision fts2 adds to `messages` on PostgreSQL.
+WORDS_COLUMN = "search_words"
+#: Columns of `messages` that a search layout owns (not the models': a copy leaves them to
+#: the target's own layout, autogenerate leaves them alone).
+SEARCH_COLUMNS = frozenset({WORDS_COLUMN})
+#: The GIN index over it, which replaces fts1's expression index `messages_fts`.
+WORDS_INDEX = "messages_fts_words"
+
+POSTGRESQL_FTS2 = replace(
+    POSTGRESQL_FTS1,
+    version=2,
+    revision="fts2",
+    indexes=_frozen(
+        {
+            WORDS_INDEX: "CREATE INDEX CONCURRENTLY IF NOT EXISTS messages_fts_words ON messages"
+            " USING gin (search_words)",
+            TRIGRAM_INDEX: POSTGRESQL_FTS1.indexes[TRIGRAM_INDEX],
+        }
+    ),
+    marker="stored",
+    words_column=WORDS_COLUMN,
+    row_triggers=(
+        PostgreSQLTrigger(
+            name="messages_search_words",
+            function_sql="""
+CREATE OR REPLACE FUNCTION messages_search_words() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.search_words := hermes_search_words(
+        hermes_search_document(NEW.content, NEW.tool_name, NEW.tool_calls));
+    RETURN NEW;
+END
+$$
+""",
+            trigger_sql="""
+CREATE TRIGGER messages_search_words
+BEFORE INSERT OR UPDATE OF content, tool_name, tool_calls ON messages
+FOR EACH ROW EXECUTE FUNCTION messages_search_words()
+""",
+        ),
+    ),
+)
+
+
 # -- the snapshots, and the one each database's check expects ------------------------------
 
-SQLITE_LAYOUTS: Mapping[int, SQLiteLayout] = MappingProxyType({1: SQLITE_FTS1})
-POSTGRESQL_LAYOUTS: Mapping[int, PostgreSQLLayout] = MappingProxyType({1: POSTGRESQL_FTS1})
+SQLITE_LAYOUTS: Mapping[int, SQLiteLayout] = MappingProxyType({1: SQLITE_FTS1, 2: SQLITE_FTS2})
+POSTGRESQL_LAYOUTS: Mapping[int, PostgreSQLLayout] = MappingProxyType(
+    {1: POSTGRESQL_FTS1, 2: POSTGRESQL_FTS2}
+)
 #: By the application schema version from which each holds, oldest first.
 POSTGRESQL_TRIGGERS: tuple[PostgreSQLTriggers, ...] = (POSTGRESQL_DISPLAY_30,)
 
@@ -459,13 +513,18 @@ __all__ = [
     "POSTGRESQL",
     "POSTGRESQL_DISPLAY_30",
     "POSTGRESQL_FTS1",
+    "POSTGRESQL_FTS2",
     "POSTGRESQL_LAYOUTS",
     "POSTGRESQL_TRIGGERS",
+    "SEARCH_COLUMNS",
     "SEARCH_LAYOUT",
     "SQLITE",
     "SQLITE_FTS1",
+    "SQLITE_FTS2",
     "SQLITE_LAYOUTS",
     "TRIGRAM_INDEX",
+    "WORDS_COLUMN",
+    "WORDS_INDEX",
     "WORD_INDEX",
     "ChangeLog",
     "FtsIndex",

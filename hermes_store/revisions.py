@@ -52,6 +52,7 @@ OFFLINE_REFUSALS: Final[Mapping[str, str]] = {
     ),
     "30": ("it reads the store's columns, triggers and search layout to decide what to change"),
     "fts1": ("it verifies the legacy index against the messages before converting it in place"),
+    "fts2": ("it fills the stored words in batches sized by how long each one takes"),
 }
 #: The branch of the search layout, apart from the application's numbered chain.
 FTS_BRANCH = "fts"

@@ -24,7 +24,9 @@ from hermes_store.sqlite.storage import FTS_COPIES, FTS_INDEX, MESSAGE_DATA
 pytestmark = pytest.mark.postgresql
 
 HEAD = migrate.head_revision()
-SEARCH_INDEXES = ("messages_fts", "messages_fts_trigram")
+SEARCH_INDEXES = ("messages_fts_words", "messages_fts_trigram")
+#: fts1's indexes, before the words were stored.
+EXPRESSION_INDEXES = ("messages_fts", "messages_fts_trigram")
 
 
 def invoke(*args: str | Path, expect: int | None = 0, env: dict[str, str] | None = None) -> Result:
@@ -108,12 +110,12 @@ def revision_of(url: str) -> list[str]:
 def test_upgrade_an_empty_database_then_again(pg_url: str) -> None:
     first = invoke("upgrade", "--db", pg_url).stdout
     assert f"(new store) -> {HEAD}" in first
-    assert "application schema: - -> 30; search layout: missing -> expression" in first
+    assert "application schema: - -> 30; search layout: missing -> stored" in first
     again = invoke_json("upgrade", "--db", pg_url)
     assert (again["from"], again["to"]) == (HEAD, HEAD)
     assert (again["schema_after"], again["layout_after"], again["backup"]) == (
         30,
-        "expression",
+        "stored",
         None,
     )
     assert "already at" in invoke("upgrade", "--db", pg_url).stdout
@@ -122,7 +124,7 @@ def test_upgrade_an_empty_database_then_again(pg_url: str) -> None:
 
 def test_upgrade_stops_at_the_app_version_then_goes_on(pg_url: str) -> None:
     stopped = invoke_json("upgrade", "--db", pg_url, "--app-version", "21")
-    assert (stopped["schema_after"], stopped["layout_after"]) == (21, "expression")
+    assert (stopped["schema_after"], stopped["layout_after"]) == (21, "stored")
     assert sql(pg_url, "SELECT version FROM schema_version") == [(21,)]
     on = invoke_json("upgrade", "--db", pg_url)
     assert (on["schema_before"], on["schema_after"], on["to"]) == (21, 30, HEAD)
@@ -148,15 +150,25 @@ def test_downgrade_base_refuses_to_delete_conversations_then_does_it(pg_store: s
 
 def test_downgrade_the_search_branch_and_upgrade_again(pg_store: str) -> None:
     assert invoke("downgrade", "30", "--db", pg_store, "--yes").stdout.strip() == (
-        f"{HEAD} -> 30, fts1"
+        f"{HEAD} -> 30, fts2"
     )
+    # fts2's downgrade: fts1's expression index again, the stored words gone.
+    data = invoke_json("downgrade", "fts@-1", "--db", pg_store, "--yes")
+    assert (data["from"], data["to"]) == ("30, fts2", "30, fts1")
+    info = invoke_json("current", "--db", pg_store)
+    assert info["fts_layout"] == "expression"
+    assert info["search_indexes"] == dict.fromkeys(EXPRESSION_INDEXES, "valid")
+    assert invoke_json("storage", "--db", pg_store)["stored_words"] == {}
+    assert invoke_json("check", "--db", pg_store)["ok"] is True
+    stored = invoke_json("search", '"compose error"', "--db", pg_store)
+    assert len(stored) == 12  # the expression path answers, every message
     data = invoke_json("downgrade", "fts@-1", "--db", pg_store, "--yes")
     assert (data["from"], data["to"]) == ("30, fts1", "30")
     assert invoke_json("current", "--db", pg_store)["search_indexes"] == dict.fromkeys(
         SEARCH_INDEXES, "missing"
     )
     assert sql(pg_store, "SELECT count(*) FROM messages") == [(12,)]
-    assert invoke_json("upgrade", "--db", pg_store)["layout_after"] == "expression"
+    assert invoke_json("upgrade", "--db", pg_store)["layout_after"] == "stored"
     assert invoke_json("current", "--db", pg_store)["search_indexes"] == dict.fromkeys(
         SEARCH_INDEXES, "valid"
     )
@@ -178,17 +190,18 @@ def test_current_shows_revision_schema_layout_and_search_indexes(pg_store: str) 
         HEAD,
         HEAD,
         30,
-        "expression",
+        "stored",
     )
     assert info["search_indexes"] == dict.fromkeys(SEARCH_INDEXES, "valid")
     out = invoke("current", "--db", pg_store).stdout
-    for fragment in ("merge_30_fts1", "expression", "search index messages_fts_trigram"):
+    for fragment in (HEAD, "stored", "search index messages_fts_trigram"):
         assert fragment in out
     sql(
         pg_store,
-        "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'messages_fts'::regclass",
+        "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'messages_fts_words'::regclass",
     )
-    assert invoke_json("current", "--db", pg_store)["search_indexes"]["messages_fts"] == "invalid"
+    states = invoke_json("current", "--db", pg_store)["search_indexes"]
+    assert states["messages_fts_words"] == "invalid"
 
 
 def test_history_marks_the_revision_of_the_database(pg_store: str) -> None:
@@ -231,23 +244,26 @@ def test_storage_shows_the_text_stored_once_and_the_search_indexes(pg_store: str
         sql(
             pg_store,
             "SELECT relname::text, pg_relation_size(oid) FROM pg_class"
-            " WHERE relname IN ('messages_fts', 'messages_fts_trigram')",
+            " WHERE relname IN ('messages_fts_words', 'messages_fts_trigram')",
         )
     )
     assert report["search_indexes"] == sizes
-    assert report["groups"][FTS_INDEX] == sum(sizes.values())
+    (words,) = sql(pg_store, "SELECT sum(pg_column_size(search_words)) FROM messages")[0]
+    assert report["stored_words"] == {"messages.search_words": words}
+    assert report["groups"][FTS_INDEX] == sum(sizes.values()) + words
     messages_bytes = sql(pg_store, "SELECT pg_table_size('messages')")[0][0]
     assert report["objects"]["messages"] == messages_bytes
-    assert report["groups"][MESSAGE_DATA] >= messages_bytes
+    assert report["groups"][MESSAGE_DATA] >= messages_bytes - words
     assert report["total_bytes"] == sum(report["objects"].values())
 
     out = invoke("storage", "--db", pg_store).stdout
-    assert "no tsvector column, no copy table" in out
+    assert "no copy table; its words stored as a tsvector" in out
+    assert "stored words messages.search_words: " in out
     for name in SEARCH_INDEXES:
         assert f"search index {name}: " in out
     rows = invoke("storage", "--db", pg_store, "--nl").stdout.splitlines()
     by_name = {record["object"]: record for record in map(json.loads, rows)}
-    assert by_name["messages_fts"]["kind"] == "index on messages"
+    assert by_name["messages_fts_words"]["kind"] == "index on messages"
     assert by_name["messages"]["kind"] == "table"
 
 
@@ -291,8 +307,10 @@ def test_check_passes_on_a_healthy_store(pg_store: str) -> None:
     assert result["ok"] is True
     assert result["problems"] == {}
     for item in (
-        "index messages_fts",
+        "index messages_fts_words",
         "index messages_fts_trigram",
+        "column messages.search_words",
+        "trigger messages_search_words",
         "index messages_pkey",
         "function hermes_search_words(text)",
         "extension pg_trgm",
@@ -310,9 +328,14 @@ def test_check_expects_only_what_the_store_revisions_create(pg_url: str) -> None
     at_21 = invoke_json("check", "--db", pg_url)
     assert at_21["ok"] is True
     assert "schema 30" in at_21["skipped"]["display triggers"]
-    assert "index messages_fts" in at_21["checked"]
+    assert "index messages_fts_words" in at_21["checked"]
     invoke("upgrade", "--db", pg_url)
     invoke("downgrade", "30", "--db", pg_url, "--yes")
+    invoke("downgrade", "fts@-1", "--db", pg_url, "--yes")
+    at_fts1 = invoke_json("check", "--db", pg_url)
+    assert at_fts1["ok"] is True
+    assert "index messages_fts" in at_fts1["checked"]
+    assert "column messages.search_words" not in at_fts1["checked"]
     invoke("downgrade", "fts@-1", "--db", pg_url, "--yes")
     no_search = invoke_json("check", "--db", pg_url)
     assert no_search["ok"] is True

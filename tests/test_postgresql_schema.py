@@ -60,12 +60,14 @@ def test_head_from_empty_check_clean_then_base_and_back(pg_url: str) -> None:
         }
         columns = {c["name"]: c for c in inspect(conn).get_columns("messages")}
     engine.dispose()
-    # The text is stored once: no tsvector column, only expression indexes over it.
-    assert "tsvector" not in {str(column["type"]).lower() for column in columns.values()}
-    assert (
-        "hermes_search_words(hermes_search_document(content, tool_name, tool_calls))"
-        in (indexes["messages_fts"])
-    )
+    # The text is stored once; its words (lexemes and positions) in the one tsvector
+    # column revision fts2 adds, with a GIN index over it; trigrams over the text itself.
+    vectors = {
+        name for name, column in columns.items() if "tsvector" in str(column["type"]).lower()
+    }
+    assert vectors == {"search_words"}
+    assert "messages_fts" not in indexes
+    assert "USING gin (search_words)" in indexes["messages_fts_words"]
     assert "gin_trgm_ops" in indexes["messages_fts_trigram"]
 
 
@@ -137,7 +139,7 @@ def test_upgrade_and_downgrade_through_the_library(pg_url: str) -> None:
     result = migrate.upgrade(pg_url)
     assert result.before == ()
     assert result.after == (head_revision(),)
-    assert (result.schema_after, result.layout_after) == (LAST_APP_VERSION, "expression")
+    assert (result.schema_after, result.layout_after) == (LAST_APP_VERSION, "stored")
     engine = create_store_engine(pg_url)
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO sessions (id, source, started_at) VALUES ('s', 'cli', 1)"))

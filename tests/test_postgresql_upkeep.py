@@ -138,7 +138,7 @@ def test_check_names_missing_statistics_and_optimize_clears_them(pg_url: str) ->
     done = invoke_json("optimize", "--db", pg_url)
     assert sum(done["pending_pages_cleaned"].values()) > 0
     assert done["pending_rows_cleaned"] is None  # pgstattuple is not there to count them
-    assert set(done["pending_pages_cleaned"]) == {"messages_fts", "messages_fts_trigram"}
+    assert set(done["pending_pages_cleaned"]) == {"messages_fts_words", "messages_fts_trigram"}
     passed = invoke_json("check", "--db", pg_url)
     assert passed["ok"] is True
     assert "pending list messages_fts_trigram" in passed["checked"]

@@ -49,10 +49,17 @@ def test_the_one_head_merges_the_newest_application_version_and_the_search_layou
     head = script.get_revision(head_revision())
     assert head is not None
     assert head.is_merge_point, f"the head {head.revision} is not a merge revision"
-    parents = set(head.down_revision or ())
-    assert str(LAST_APP_VERSION) in parents, (
+    # The head joins revision LAST_APP_VERSION, or the merge that does (a new revision
+    # of the search branch joins the previous head: merge_30_fts2 joins merge_30_fts1).
+    joined, merge = False, head
+    while merge is not None and merge.is_merge_point and not joined:
+        parents = tuple(merge.down_revision or ())
+        joined = str(LAST_APP_VERSION) in parents
+        below = [script.get_revision(p) for p in parents]
+        merge = next((rev for rev in below if rev is not None and rev.is_merge_point), None)
+    assert joined, (
         f"the head {head.revision} does not join revision {LAST_APP_VERSION} "
-        "(the application's newest version)"
+        "(the application's newest version), nor does a merge it joins"
     )
     ancestors = {rev.revision for rev in script.iterate_revisions(head.revision, "base")}
     assert fts_head_revision() in ancestors

@@ -258,7 +258,7 @@ def test_the_statements_can_use_the_expression_indexes(stores: tuple[Engine, Eng
     with server.connect() as conn:
         for setting in ("enable_seqscan", "enable_indexscan"):
             conn.execute(text(f"SET LOCAL {setting} = off"))
-        assert "Bitmap Index Scan on messages_fts " in _plan(conn, *word) + " "
+        assert "Bitmap Index Scan on messages_fts_words" in _plan(conn, *word)
         assert "Bitmap Index Scan on messages_fts_trigram" in _plan(conn, *trigram)
 
 

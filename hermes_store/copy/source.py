@@ -12,6 +12,7 @@ from sqlalchemy import Connection, Engine, func, inspect, or_, select
 
 from hermes_store.backend import backend_for, backend_of
 from hermes_store.copy.tables import copied_tables, key_columns, revisions
+from hermes_store.declarations import SEARCH_COLUMNS
 from hermes_store.engine import display_url, to_url
 from hermes_store.errors import CopyRefused
 
@@ -52,7 +53,7 @@ def check_source(conn: Connection, url: str, head: str) -> tuple[str, ...]:
         if table.name not in names:
             raise CopyRefused(f"--from: table {table.name} is missing; run `hermes-store check`")
         columns = {column["name"] for column in inspect(conn).get_columns(table.name)}
-        extra = columns - set(table.columns.keys())
+        extra = columns - set(table.columns.keys()) - SEARCH_COLUMNS
         if extra:
             raise CopyRefused(
                 f"--from: {table.name} has columns hermes-store does not know "

@@ -22,29 +22,27 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store.declarations import (
+    LAYOUT_MARKER,
     POSTGRESQL,
+    POSTGRESQL_LAYOUTS,
     POSTGRESQL_TRIGGERS,
-    TRIGRAM_INDEX,
-    WORD_INDEX,
+    PostgreSQLLayout,
     postgresql_triggers,
 )
 from hermes_store.declared import Declared, declared_objects, newest_app_version
 from hermes_store.engine import translate_error
 from hermes_store.errors import StoreError
 from hermes_store.maintenance import CheckResult, RepairResult
-from hermes_store.postgresql import upkeep
+from hermes_store.postgresql import upkeep, words
 from hermes_store.postgresql.maintenance import store_tables
 from hermes_store.postgresql.migration import facts
 from hermes_store.revisions import script_directory
-
-#: The two search indexes, named as on SQLite (the same names on both databases).
-INDEXES = (WORD_INDEX, TRIGRAM_INDEX)
 
 #: The application schema version whose revision first creates the display triggers.
 DISPLAY_VERSION = POSTGRESQL_TRIGGERS[0].app_version
@@ -69,22 +67,56 @@ class Expected:
     #: trigger name -> CREATE TRIGGER DDL.
     display_triggers: Mapping[str, str]
     layout: str
+    #: The revision that creates the search layout.
+    revision: str = POSTGRESQL.revision
+    #: The tsvector column of `messages` holding each row's words (None: not stored).
+    words_column: str | None = None
+    #: trigger name -> (CREATE FUNCTION DDL, CREATE TRIGGER DDL) of the triggers that
+    #: keep that column.
+    words_triggers: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
-def expected(app_version: int | None = None) -> Expected:
-    """The search layout's objects, and the display triggers of application schema
-    ``app_version`` (None: the newest this package declares)."""
+def expected(app_version: int | None = None, layout: PostgreSQLLayout = POSTGRESQL) -> Expected:
+    """The objects of search ``layout`` (the head's unless given), and the display
+    triggers of application schema ``app_version`` (None: the newest this package
+    declares)."""
     version = POSTGRESQL_TRIGGERS[-1].app_version if app_version is None else app_version
     display = postgresql_triggers(version)
     triggers = display.triggers if display is not None else ()
     return Expected(
-        extensions=POSTGRESQL.extensions,
-        functions=POSTGRESQL.functions,
-        indexes=POSTGRESQL.indexes,
+        extensions=layout.extensions,
+        functions=layout.functions,
+        indexes=layout.indexes,
         display_functions={trigger.name: trigger.function_sql for trigger in triggers},
         display_triggers={trigger.name: trigger.trigger_sql for trigger in triggers},
-        layout=POSTGRESQL.marker,
+        layout=layout.marker,
+        revision=layout.revision,
+        words_column=layout.words_column,
+        words_triggers={
+            trigger.name: (trigger.function_sql, trigger.trigger_sql)
+            for trigger in layout.row_triggers
+        },
     )
+
+
+#: The revision that first creates the search objects.
+FIRST_LAYOUT_REVISION = min(POSTGRESQL_LAYOUTS.values(), key=lambda x: x.version).revision
+
+
+def origin(kind: str, name: str, create: str) -> str:
+    """The oldest search-layout revision that creates ``name`` (a "function" or an
+    "index") with this definition: the one a message about it names."""
+    for layout in sorted(POSTGRESQL_LAYOUTS.values(), key=lambda x: x.version):
+        declared = layout.functions if kind == "function" else layout.indexes
+        if declared.get(name) == create:
+            return layout.revision
+    return POSTGRESQL.revision
+
+
+def applied_layout(applied: set[str]) -> PostgreSQLLayout | None:
+    """The newest search layout whose revision the store has run (None: none yet)."""
+    found = [layout for layout in POSTGRESQL_LAYOUTS.values() if layout.revision in applied]
+    return max(found, key=lambda layout: layout.version) if found else None
 
 
 def _normal(sql: str) -> str:
@@ -163,21 +195,27 @@ def _signature(name: str) -> str:
 
 
 def search_index_states(conn: Connection) -> dict[str, str]:
-    """Each search index: "valid", "invalid" (an interrupted concurrent build) or "missing"."""
+    """Each search index of the store's layout (its marker's; the head's when it has none
+    of this package): "valid", "invalid" (an interrupted concurrent build) or "missing"."""
+    marker = conn.execute(
+        text("SELECT value FROM state_meta WHERE key = :key"), {"key": LAYOUT_MARKER}
+    ).scalar()
+    layout = next((x for x in POSTGRESQL_LAYOUTS.values() if x.marker == marker), POSTGRESQL)
+    names = list(layout.indexes)
     rows = conn.execute(
         text(
             "SELECT i.relname, x.indisvalid AND x.indisready FROM pg_index x"
             " JOIN pg_class i ON i.oid = x.indexrelid"
             " WHERE i.relnamespace = current_schema()::regnamespace AND i.relname = ANY(:names)"
         ),
-        {"names": list(INDEXES)},
+        {"names": names},
     )
     found = {str(name): bool(valid) for name, valid in rows}
     if conn.in_transaction():
         conn.rollback()
     return {
         name: "missing" if name not in found else "valid" if found[name] else "invalid"
-        for name in INDEXES
+        for name in names
     }
 
 
@@ -213,16 +251,19 @@ def check_server(conn: Connection, *, quick: bool = False) -> CheckResult:
     """
     report = _Report()
     applied = applied_revisions(conn)
-    want = expected(newest_app_version(applied))
+    layout = applied_layout(applied)
+    want = expected(newest_app_version(applied), layout or POSTGRESQL)
     tables = store_tables(conn)
     schema = str(conn.execute(text("SELECT current_schema()")).scalar_one())
     sources = _function_sources(conn)
     indexes = _indexes(conn, tables)
-    if POSTGRESQL.revision in applied:
+    if layout is not None:
         _check_search(conn, want, report, sources, indexes, schema)
+        if want.words_column is not None:
+            _check_words(conn, want, report, sources)
     else:
         report.result.skipped["search indexes"] = (
-            f"the store has not run revision {POSTGRESQL.revision}, which creates them: "
+            f"the store has not run revision {FIRST_LAYOUT_REVISION}, which creates them: "
             "run `hermes-store upgrade`"
         )
     declared = declared_at(applied)
@@ -338,7 +379,8 @@ def _check_search(
             problem = None  # cannot be compared without unaccent, reported above
         elif _normal(found[0]) != function_body(ddl(create, unaccent or "")):
             problem = (
-                f"its definition differs from the one the {POSTGRESQL.revision} revision creates"
+                "its definition differs from the one the "
+                f"{origin('function', signature, create)} revision creates"
             )
         elif found[1] != "i":
             problem = "not IMMUTABLE: an index expression cannot use it"
@@ -349,12 +391,65 @@ def _check_search(
             problem = "missing: search falls back to reading every message"
         elif index_expression(found_index[0], schema) != index_expression(ddl(create), schema):
             problem = (
-                f"not over the search expression of the {POSTGRESQL.revision} revision"
+                f"not over the search expression of the {origin('index', name, create)} revision"
                 f" ({_normal(found_index[0])})"
             )
         else:
             problem = _validity(found_index[1], found_index[2])
         report(f"index {name}", problem)
+
+
+def _check_words(
+    conn: Connection, want: Expected, report: _Report, sources: Mapping[str, tuple[str, str]]
+) -> None:
+    """The stored words (search layout 2): the column, its rows, the trigger keeping it."""
+    assert want.words_column is not None
+    # A search function found different makes every row's words differ: that is the
+    # function's problem, named above; the rows are compared only with the functions whole.
+    sample = not any(item.startswith("function ") for item in report.result.problems)
+    problem = words.words_problem(conn, want.words_column, sample=sample)
+    report(words.column_item(want.words_column), problem)
+    triggers = _triggers(conn)
+    for name, (function, _trigger) in want.words_triggers.items():
+        body = sources.get(f"{name}()")
+        same = body is not None and _normal(body[0]) == function_body(ddl(function))
+        report(
+            f"trigger {name}",
+            words.trigger_problem(
+                name, None if body is None else body[0], triggers.get(name), same
+            ),
+        )
+
+
+def _repair_words(
+    engine: Engine,
+    auto: Connection,
+    want: Expected,
+    problems: Mapping[str, str],
+    result: RepairResult,
+) -> None:
+    """The column added again if missing, each trigger keeping it created again (with its
+    function, in one transaction), then the rows refilled: those without words, or every
+    row whose words differ when the sample found some."""
+    column = want.words_column
+    if column is None:
+        return
+    for name, (function, trigger) in want.words_triggers.items():
+        item = f"trigger {name}"
+        if item in problems or words.column_item(column) in problems:
+            if words.column_type(auto, column) is None:
+                words.add_column(auto, column)
+            with engine.begin() as tx:
+                tx.execute(text(ddl(function)))
+                tx.execute(text(f'DROP TRIGGER IF EXISTS "{name}" ON messages'))
+                tx.execute(text(ddl(trigger)))
+            if item in problems:
+                result.restored[item] = problems[item]
+    item = words.column_item(column)
+    if item in problems:
+        every_row = "other words" in problems[item]
+        filled = words.refill(auto, column, every_row=every_row)
+        result.repaired[item] = f"{filled:,} rows given their words from their text"
 
 
 def declared_at(applied: set[str]) -> tuple[Declared, ...]:
@@ -444,7 +539,7 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
         before = check_server(conn, quick=quick)
         applied = applied_revisions(conn)
         declared = {obj.label: obj for obj in declared_at(applied)}
-    want = expected(newest_app_version(applied))
+    want = expected(newest_app_version(applied), applied_layout(applied) or POSTGRESQL)
     result = RepairResult(before=before, after=before)
     if before.ok:
         return result
@@ -471,7 +566,7 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
             auto.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
             auto.execute(text(ddl(create)))
             result.repaired[name] = (
-                f"built again from the {POSTGRESQL.revision} revision's definition"
+                f"built again from the {origin('index', name, create)} revision's definition"
             )
         for item, problem in problems.items():
             name = item.removeprefix("index ")
@@ -502,6 +597,7 @@ def repair_server(engine: Engine, *, quick: bool = False) -> RepairResult:
                 name = item.removeprefix("amcheck ")
                 auto.execute(text(f'REINDEX INDEX CONCURRENTLY "{name}"'))
                 result.repaired[name] = f"REINDEX INDEX CONCURRENTLY ({problems[item]})"
+        _repair_words(engine, auto, want, problems, result)
         _repair_upkeep(auto, problems, result)
         if "search layout" in problems:
             result.refused = (

@@ -44,17 +44,21 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    column,
     func,
     literal,
+    literal_column,
     not_,
     null,
     or_,
     select,
+    table,
 )
 from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY, TSVECTOR
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from hermes_store.declarations import LAYOUT_MARKER, POSTGRESQL_LAYOUTS, WORDS_COLUMN
 from hermes_store.errors import SearchFailed
 from hermes_store.models import SERVER_ESCAPE, SERVER_NUL, from_server_text, to_server_text
 from hermes_store.prepared import Connections
@@ -137,9 +141,30 @@ def _document(columns: Any = M.c) -> ColumnElement[str]:
     )
 
 
-def _words() -> ColumnElement[Any]:
-    """The document's tsvector: the word index's expression."""
+def _words(stored: bool) -> ColumnElement[Any]:
+    """The document's tsvector: the stored column of revision fts2 (``stored``), else the
+    expression fts1's word index is built on."""
+    if stored:
+        return _STORED_WORDS
     return func.hermes_search_words(_document(), type_=TSVECTOR)
+
+
+STATE_META = table("state_meta", column("key", String), column("value", String))
+#: The words revision fts2 stores in `messages` (PostgreSQL's alone: not an ORM column).
+_STORED_WORDS = literal_column(f"{M.name}.{WORDS_COLUMN}", type_=TSVECTOR)
+
+
+def stored_words(conn: Connection) -> bool:
+    """Whether the store's search layout reads the stored words: the layout marker names
+    a layout that stores them (revision fts2 switches it once they are all filled and
+    indexed; until then the expression index serves)."""
+    marker = conn.execute(
+        select(STATE_META.c.value).where(STATE_META.c.key == LAYOUT_MARKER)
+    ).scalar()
+    return any(
+        layout.marker == marker and layout.words_column is not None
+        for layout in POSTGRESQL_LAYOUTS.values()
+    )
 
 
 class Binds:
@@ -322,7 +347,10 @@ def _select(condition: ColumnElement[bool], filters: Filters, *, visibility: boo
     )
 
 
-Rank = Callable[[ColumnElement[str]], ColumnElement[float]]
+#: A hit's rank from the hits' columns (those the statement's rank inputs name).
+Rank = Callable[[Any], ColumnElement[float]]
+#: The columns rank reads when it tokenises the text again.
+_TEXT_COLUMNS = (M.c.content, M.c.tool_name, M.c.tool_calls)
 #: How many of a query's matches (the newest) are ranked when the order is by rank, and
 #: how many bytes of indexed text they may hold in all. Rank needs each row's text
 #: tokenised again (the text is stored once; no tsvector is kept): about half a
@@ -357,6 +385,7 @@ def _ranked(
     sort: str | None,
     page: tuple[int, int],
     rank_of: Rank,
+    rank_inputs: Sequence[ColumnElement[Any]] = _TEXT_COLUMNS,
 ) -> tuple[Any, dict[str, Any]]:
     """The hits in the contract's order (rank higher first, then the lower id), one page.
 
@@ -373,9 +402,7 @@ def _ranked(
         # CASE evaluates the rank of those rows only.
         newest = M.c.id.desc()
         statement = _select(condition, filters, visibility=True).add_columns(
-            M.c.content,
-            M.c.tool_name,
-            M.c.tool_calls,
+            *rank_inputs,
             func.row_number().over(order_by=newest).label("recency"),
             func.sum(_bytes()).over(order_by=newest, rows=(None, 0)).label("volume"),
         )
@@ -384,7 +411,7 @@ def _ranked(
             hits.c.recency <= bindparam("rank_window", type_=Integer),
             hits.c.volume <= bindparam("rank_bytes", type_=Integer),
         )
-        windowed = case((in_window, rank_of(_document(hits.c))), else_=null())
+        windowed = case((in_window, rank_of(hits.c)), else_=null())
         outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
             windowed.desc().nulls_last(), case((in_window, hits.c.id), else_=-hits.c.id)
         )
@@ -392,9 +419,7 @@ def _ranked(
         return outer, {**values, "rank_window": RANK_WINDOW, "rank_bytes": RANK_WINDOW_BYTES}
     by_time = M.c.timestamp.desc() if sort == "newest" else M.c.timestamp.asc()
     statement = _select(condition, filters, visibility=True).add_columns(
-        M.c.content,
-        M.c.tool_name,
-        M.c.tool_calls,
+        *rank_inputs,
         func.count().over(partition_by=M.c.timestamp).label("ties"),
     )
     window: dict[str, Any] = {}
@@ -404,7 +429,7 @@ def _ranked(
         )
         window["window"] = limit + max(offset, 0)
     hits = statement.subquery("hits")
-    rank = case((hits.c.ties > 1, rank_of(_document(hits.c))), else_=null())
+    rank = case((hits.c.ties > 1, rank_of(hits.c)), else_=null())
     in_time = hits.c.timestamp.desc() if sort == "newest" else hits.c.timestamp.asc()
     outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
         in_time, rank.desc(), hits.c.id
@@ -413,20 +438,28 @@ def _ranked(
     return outer, {**values, **window}
 
 
-def word_statement(tree: Node, options: SearchOptions) -> tuple[Any, dict[str, Any]]:
-    """The word path's statement for a simplified tree, and its parameters."""
+def word_statement(
+    tree: Node, options: SearchOptions, *, stored: bool = True
+) -> tuple[Any, dict[str, Any]]:
+    """The word path's statement for a simplified tree, and its parameters: over the
+    stored words (``stored``, revision fts2), else over fts1's expression."""
     filters, sort, page = options.filters, options.order, options.page
     binds = Binds()
     query = tsquery_of(tree, binds)
-    condition = _words().op("@@", return_type=Boolean)(query)
+    condition = _words(stored).op("@@", return_type=Boolean)(query)
 
     # ts_rank_cd (cover density) with normalisation 1: divided by 1 + log(document
     # length), as BM25 favours short documents; cheaper than ts_rank on long texts.
-    def rank_of(document: ColumnElement[str]) -> ColumnElement[float]:
-        words = func.hermes_search_words(document, type_=TSVECTOR)
+    def rank_of(hits: Any) -> ColumnElement[float]:
+        words = (
+            hits[WORDS_COLUMN]
+            if stored
+            else func.hermes_search_words(_document(hits), type_=TSVECTOR)
+        )
         return func.ts_rank_cd(words, query, literal(1, Integer), type_=Float)
 
-    statement, values = _ranked(condition, filters, sort, page, rank_of)
+    inputs = (_STORED_WORDS.label(WORDS_COLUMN),) if stored else _TEXT_COLUMNS
+    statement, values = _ranked(condition, filters, sort, page, rank_of, inputs)
     return statement, {**_filter_values(filters), **binds.values, **values}
 
 
@@ -439,8 +472,8 @@ def trigram_statement(
     condition = trigram_condition(tree, binds)
     terms = binds(to_server_text(" ".join(route.like_tokens)))
 
-    def rank_of(document: ColumnElement[str]) -> ColumnElement[float]:
-        return func.similarity(document, terms, type_=Float)
+    def rank_of(hits: Any) -> ColumnElement[float]:
+        return func.similarity(_document(hits), terms, type_=Float)
 
     statement, values = _ranked(condition, filters, sort, page, rank_of)
     return statement, {**_filter_values(filters), **binds.values, **values}
@@ -658,7 +691,8 @@ class PostgreSQLSearch:
             if isinstance(tree, Nothing):
                 return Found([], route)
             with _by_index(conn):
-                rows = _rows(conn, *word_statement(tree, options))
+                statement = word_statement(tree, options, stored=stored_words(conn))
+                rows = _rows(conn, *statement)
             if rows is None:
                 return Found([], route, query_error=_not_searchable(conn, tree))
             return Found(rows, route)

@@ -3,9 +3,11 @@
 The counterpart of :mod:`hermes_store.sqlite.storage` (which reads SQLite's `dbstat`): the server
 gives each table's bytes (heap, TOAST, free-space and visibility maps: `pg_table_size`)
 and each index's (`pg_relation_size`). The report also carries what shows that the
-message text is stored once there: no tsvector column, no table beside the models' own
-(so no copy of the text), and the two search indexes, expression indexes over the text
-in `messages`, with their sizes.
+message text is stored once there: no table beside the models' own (so no copy of the
+text), no tsvector column but the search layout's own, and the search indexes with their
+sizes. The stored words of revision fts2 (`messages.search_words`: lexemes and positions,
+no text) are measured on a line of their own (`pg_column_size` of each value, as stored:
+compressed or in TOAST) and filed with the search indexes, not with the message data.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from hermes_store.declarations import TRIGRAM_INDEX, WORD_INDEX
+from hermes_store.declarations import POSTGRESQL_LAYOUTS
 from hermes_store.maintenance import (
     FTS_COPIES,
     FTS_INDEX,
@@ -28,8 +30,17 @@ from hermes_store.maintenance import (
 )
 from hermes_store.postgresql.migration import facts, foreign_tables, relations
 
-#: The two search indexes, named as on SQLite (the same names on both databases).
-INDEXES = (WORD_INDEX, TRIGRAM_INDEX)
+#: The search indexes of every layout (fts1's expression word index, fts2's over the
+#: stored words, the trigram index of both).
+INDEXES = tuple(
+    dict.fromkeys(name for layout in POSTGRESQL_LAYOUTS.values() for name in layout.indexes)
+)
+#: ``table.column`` of the tsvector columns the search layouts declare.
+WORDS_COLUMNS = tuple(
+    f"messages.{layout.words_column}"
+    for layout in POSTGRESQL_LAYOUTS.values()
+    if layout.words_column is not None
+)
 
 #: The group the search indexes are filed under (the SQLite report's "FTS index data").
 SEARCH_INDEX = FTS_INDEX
@@ -48,8 +59,12 @@ class ServerStorageReport:
     groups: dict[str, int] = field(default_factory=dict)
     #: Search index name -> bytes; a missing index is absent.
     search_indexes: dict[str, int] = field(default_factory=dict)
-    #: ``table.column`` of every tsvector column of the store's tables (none is expected).
+    #: ``table.column`` of every tsvector column of the store's tables that no search
+    #: layout declares (none is expected).
     tsvector_columns: list[str] = field(default_factory=list)
+    #: ``table.column`` of the layout's stored words -> their bytes (lexemes and
+    #: positions, no text; part of the table's bytes, filed with the search indexes).
+    stored_words: dict[str, int] = field(default_factory=dict)
     #: Tables of the schema that are not the models' own (a copy of the text would be one).
     other_tables: list[str] = field(default_factory=list)
     #: The whole database as the server counts it (catalogs included).
@@ -62,7 +77,8 @@ class ServerStorageReport:
 
     @property
     def text_stored_once(self) -> bool:
-        """No tsvector column and no table but the models': the text is in `messages` only."""
+        """No tsvector column but the layout's and no table but the models': the text is in
+        `messages` only."""
         return not self.tsvector_columns and not self.other_tables
 
     def as_dict(self) -> dict[str, Any]:
@@ -107,16 +123,22 @@ class ServerStorageReport:
         ]
         if self.text_stored_once:
             shown.append(
-                "message text stored once, in messages: no tsvector column, no copy table; "
-                "search uses expression indexes over it"
+                "message text stored once, in messages: no copy table"
+                + (
+                    "; its words stored as a tsvector (lexemes and positions, no text)"
+                    if self.stored_words
+                    else "; no tsvector column: search uses expression indexes over it"
+                )
             )
         else:
             found = [f"tsvector column {name}" for name in self.tsvector_columns]
             found += [f"table {name}" for name in self.other_tables]
             shown.append(f"not only the store's tables here: {', '.join(found)}")
+        for column, words in self.stored_words.items():
+            shown.append(f"stored words {column}: {human_bytes(words)} (within messages' bytes)")
         for name in INDEXES:
-            size = self.search_indexes.get(name)
-            shown.append(f"search index {name}: {'missing' if size is None else human_bytes(size)}")
+            if name in self.search_indexes:
+                shown.append(f"search index {name}: {human_bytes(self.search_indexes[name])}")
         shown.append(
             Table(
                 [
@@ -141,7 +163,7 @@ def classify(name: str, table: str) -> str:
 
 
 def tsvector_columns(conn: Connection) -> list[str]:
-    """``table.column`` of each tsvector column in the current schema."""
+    """``table.column`` of each tsvector column in the current schema (declared or not)."""
     rows = conn.execute(
         text(
             "SELECT table_name, column_name FROM information_schema.columns"
@@ -171,7 +193,19 @@ def server_storage_report(conn: Connection) -> ServerStorageReport:
         report.groups[group] += relation.bytes
         if relation.kind == "index" and relation.name in INDEXES:
             report.search_indexes[relation.name] = relation.bytes
-    report.tsvector_columns = tsvector_columns(conn)
+    found = tsvector_columns(conn)
+    report.tsvector_columns = [name for name in found if name not in WORDS_COLUMNS]
+    for name in found:
+        if name in WORDS_COLUMNS:
+            table, column = name.split(".")
+            size = int(
+                conn.execute(
+                    text(f'SELECT coalesce(sum(pg_column_size("{column}")), 0) FROM "{table}"')
+                ).scalar_one()
+            )
+            report.stored_words[name] = size
+            report.groups[MESSAGE_DATA] -= size
+            report.groups[SEARCH_INDEX] += size
     report.other_tables = others
     report.database_bytes = int(
         conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
