@@ -9,10 +9,11 @@ column, and rank reads it.
 
 On PostgreSQL, without a table rewrite and without blocking the agent:
 1. in one short transaction (waiting at most LOCK_TIMEOUT for the table's lock, and
-   trying again): the nullable column `messages.search_words` is added (no default: a
-   change of the catalogue only) and the trigger `messages_search_words` created, which
-   sets the column on every INSERT and on every UPDATE of content, tool_name or
-   tool_calls, in the writer's own transaction;
+   trying again, so that the agent's statements never queue behind it for longer): the
+   nullable column `messages.search_words` is added (no default: a change of the
+   catalogue only) and the trigger `messages_search_words` created, which sets the
+   column on every INSERT and on every UPDATE of content, tool_name or tool_calls, in
+   the writer's own transaction;
 2. the rows already there are filled in batches of about BATCH_SECONDS each, in id
    order; each batch commits with its progress (`state_meta` key FILLED_KEY), so that a
    run killed at any point goes on where it stopped; the table is vacuumed every
@@ -23,6 +24,9 @@ On PostgreSQL, without a table rewrite and without blocking the agent:
    the expression index of fts1, which stays exact throughout; after it, the column;
 5. the expression index `messages_fts`, no longer read, is dropped CONCURRENTLY, and the
    table analysed.
+
+The CONCURRENTLY steps and VACUUM take no lock the agent's reads or writes wait for, but
+wait for older transactions to end: they run without lock_timeout, as long as that takes.
 
 On SQLite this revision changes nothing: FTS5 keeps positions already.
 
@@ -143,12 +147,20 @@ def _set_marker(value: str) -> None:
     )
 
 
+def _lock_timeout(value: str) -> str:
+    """Set the session's lock_timeout; the value it had."""
+    bind = _bind()
+    before = str(bind.execute(sa.text("SHOW lock_timeout")).scalar())
+    bind.execute(sa.text("SELECT set_config('lock_timeout', :v, false)"), {"v": value})
+    return before
+
+
 def _locked(sql: str) -> None:
     """Run a statement that needs `messages`' lock, waiting at most LOCK_TIMEOUT at a time
     (so the agent's writes never queue longer behind it), trying again while a long
     transaction holds the table."""
     bind = _bind()
-    bind.execute(sa.text(f"SET lock_timeout = '{LOCK_TIMEOUT}'"))
+    before = _lock_timeout(LOCK_TIMEOUT)
     try:
         for attempt in range(LOCK_ATTEMPTS):
             try:
@@ -163,7 +175,18 @@ def _locked(sql: str) -> None:
             "pg_stat_activity) and upgrade again: the upgrade goes on where it stopped"
         )
     finally:
-        bind.execute(sa.text("RESET lock_timeout"))
+        _lock_timeout(before)
+
+
+def _patient(sql: str) -> None:
+    """Run a statement that takes no lock the agent's reads or writes wait for (a
+    CONCURRENTLY build or drop, a VACUUM) but waits for older transactions to end: as
+    long as they last, with no lock_timeout."""
+    before = _lock_timeout("0")
+    try:
+        op.execute(sql)
+    finally:
+        _lock_timeout(before)
 
 
 def _drop_invalid_index(name: str) -> None:
@@ -176,13 +199,15 @@ def _drop_invalid_index(name: str) -> None:
         {"name": name},
     )
     if invalid.first() is not None:
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+        _patient(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
 
 
 def _filled_upto() -> int:
-    value = _bind().execute(
-        sa.text("SELECT value FROM state_meta WHERE key = :key"), {"key": FILLED_KEY}
-    ).scalar()
+    value = (
+        _bind()
+        .execute(sa.text("SELECT value FROM state_meta WHERE key = :key"), {"key": FILLED_KEY})
+        .scalar()
+    )
     return int(str(value).split()[0]) if value else 0
 
 
@@ -209,7 +234,7 @@ def _fill() -> None:
         scale = BATCH_SECONDS / max(elapsed, 0.001)
         size = int(min(max(size * min(scale, 4.0), 100), MAX_BATCH))
         if since_vacuum >= VACUUM_EVERY:
-            op.execute("VACUUM messages")
+            _patient("VACUUM messages")
             since_vacuum = 0
     if total:
         log.info("stored words: %d message ids filled", total)
@@ -223,19 +248,19 @@ def _upgrade_postgresql() -> None:
         _locked(ADD_COLUMN_AND_TRIGGER)
         _fill()
         _drop_invalid_index(WORDS_INDEX)
-        op.execute(WORDS_INDEX_DDL)
+        _patient(WORDS_INDEX_DDL)
         _set_marker(LAYOUT_STORED)
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {EXPRESSION_INDEX}")
+        _patient(f"DROP INDEX CONCURRENTLY IF EXISTS {EXPRESSION_INDEX}")
         _bind().execute(sa.text("DELETE FROM state_meta WHERE key = :key"), {"key": FILLED_KEY})
-        op.execute("VACUUM (ANALYZE) messages")
+        _patient("VACUUM (ANALYZE) messages")
 
 
 def _downgrade_postgresql() -> None:
     with op.get_context().autocommit_block():
         _drop_invalid_index(EXPRESSION_INDEX)
-        op.execute(EXPRESSION_INDEX_DDL)
+        _patient(EXPRESSION_INDEX_DDL)
         _set_marker(LAYOUT_EXPRESSION)
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {WORDS_INDEX}")
+        _patient(f"DROP INDEX CONCURRENTLY IF EXISTS {WORDS_INDEX}")
         _locked(DROP_TRIGGER_AND_COLUMN)
         op.execute("DROP FUNCTION IF EXISTS messages_search_words()")
         _bind().execute(sa.text("DELETE FROM state_meta WHERE key = :key"), {"key": FILLED_KEY})

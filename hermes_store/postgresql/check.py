@@ -447,7 +447,7 @@ def _repair_words(
                 result.restored[item] = problems[item]
     item = words.column_item(column)
     if item in problems:
-        every_row = "other words" in problems[item]
+        every_row = words.STALE in problems[item]
         filled = words.refill(auto, column, every_row=every_row)
         result.repaired[item] = f"{filled:,} rows given their words from their text"
 

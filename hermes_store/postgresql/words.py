@@ -16,6 +16,8 @@ from sqlalchemy import Connection, text
 WORDS_SAMPLE = 200
 #: Ids `--repair` refills in one transaction.
 REPAIR_BATCH = 2_000
+#: How a check's problem says that some rows hold words their text does not give.
+STALE = "other words"
 #: What a row's words are, from its text (revision fts1's functions).
 RECOMPUTED = "hermes_search_words(hermes_search_document(content, tool_name, tool_calls))"
 
@@ -44,29 +46,31 @@ def words_problem(conn: Connection, column: str, *, sample: bool = True) -> str 
         return "missing: search cannot read the stored words; --repair adds and fills it"
     if kind != "tsvector":
         return f"of type {kind}, not tsvector; run `hermes-store upgrade` again"
+    found: list[str] = []
     lacking = int(
         conn.execute(text(f'SELECT count(*) FROM messages WHERE "{column}" IS NULL')).scalar_one()
     )
     if lacking:
-        return f"{lacking:,} rows have no stored words, so search misses them: --repair fills them"
-    if not sample:
+        found.append(f"{lacking:,} rows have no stored words, so search misses them")
+    if sample:
+        stale = conn.execute(
+            text(
+                f'SELECT id FROM (SELECT id, "{column}" AS words, {RECOMPUTED} AS now'
+                " FROM messages ORDER BY id DESC LIMIT :n) newest"
+                " WHERE words IS NOT NULL AND words IS DISTINCT FROM now ORDER BY id"
+            ),
+            {"n": WORDS_SAMPLE},
+        ).scalars()
+        ids = [int(i) for i in stale]
+        if ids:
+            shown = ", ".join(str(i) for i in ids[:10])
+            found.append(
+                f"{len(ids)} of the newest {WORDS_SAMPLE} rows hold {STALE} than their text "
+                f"gives (ids {shown})"
+            )
+    if not found:
         return None
-    stale = conn.execute(
-        text(
-            f'SELECT id FROM (SELECT id, "{column}" AS words, {RECOMPUTED} AS now'
-            " FROM messages ORDER BY id DESC LIMIT :n) newest WHERE words IS DISTINCT FROM now"
-            " ORDER BY id"
-        ),
-        {"n": WORDS_SAMPLE},
-    ).scalars()
-    ids = [int(i) for i in stale]
-    if ids:
-        shown = ", ".join(str(i) for i in ids[:10])
-        return (
-            f"{len(ids)} of the newest {WORDS_SAMPLE} rows hold other words than their text "
-            f"gives (ids {shown}): --repair tokenises every row again"
-        )
-    return None
+    return "; ".join(found) + ": --repair gives every such row its words from its text"
 
 
 def trigger_problem(
