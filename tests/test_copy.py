@@ -195,8 +195,8 @@ def test_sqlite_to_postgresql_copies_every_row_and_leaves_the_source_untouched(
     assert target_meta["app.setting"] == "kept"
     # Each database keeps the layout its own upgrade wrote; the report says so.
     assert source_meta["hermes_store.fts_layout"] == "external"
-    assert target_meta["hermes_store.fts_layout"] == "expression"
-    assert result.verification.markers["hermes_store.fts_layout"] == ("external", "expression")
+    assert target_meta["hermes_store.fts_layout"] == "stored"
+    assert result.verification.markers["hermes_store.fts_layout"] == ("external", "stored")
     assert result.verification.revisions == ((head_revision(),), (head_revision(),))
     checks = {check.table: check for check in result.verification.tables}
     assert checks["messages"].source_rows == len(_rows(str(source), "messages"))
@@ -239,7 +239,8 @@ def test_postgresql_back_to_sqlite_passes_check(source: Path, pg_url: str, tmp_p
     # And the legacy layout tools take it: the way back to the inline layout the legacy
     # application writes, then FTS5's own integrity check and the application's query.
     migrate.downgrade(str(back), "30")
-    migrate.downgrade(str(back), "fts@-1")
+    migrate.downgrade(str(back), "fts@-1")  # fts2: nothing on SQLite
+    migrate.downgrade(str(back), "fts@-1")  # fts1: inline again
     with contextlib.closing(sqlite3.connect(back)) as raw:
         declaration = raw.execute(
             "SELECT sql FROM sqlite_master WHERE name = 'messages_fts'"
