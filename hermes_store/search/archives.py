@@ -19,6 +19,7 @@ Nothing here asks which database a store is on.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -112,7 +113,7 @@ def search_stores(
     degraded: list[str] = []
     order: str | None = None
     for number, store in enumerate(stores):
-        reader = _Reader(store, options, answer, [s.source for s in stores[:number]])
+        reader = _Reader(store, options, answer, stores[:number])
         kept = reader.first(wanted, set().union(*({hit["id"] for hit in hits} for hits in lists)))
         for note in reader.degraded:
             degraded.append(f"archive {store.name}: {note}" if store.name else note)
@@ -146,7 +147,7 @@ class _Reader:
         store: Searched,
         options: SearchOptions,
         answer: Callable[[Source, SearchOptions], SearchResults],
-        earlier: Sequence[Source],
+        earlier: Sequence[Searched],
     ) -> None:
         self.store = store
         self.options = options
@@ -175,12 +176,8 @@ class _Reader:
 
     def _read(self, start: int, count: int) -> SearchResults:
         options = replace(self.options, limit=count, offset=start)
-        try:
+        with _named(self.store):
             results = self.answer(self.store.source, options)
-        except StoreError as exc:
-            if not self.store.name:
-                raise
-            raise _named(exc, f"archive {self.store.name}: {exc}") from None
         if results.degraded and results.degraded not in self.degraded:
             self.degraded.append(results.degraded)
         self.query_error = results.query_error
@@ -190,10 +187,11 @@ class _Reader:
     def _served_earlier(self, ids: Sequence[int], seen: set[int]) -> set[int]:
         served = {i for i in ids if i in seen}
         rest = [i for i in ids if i not in served]
-        for source in self.earlier:
+        for store in self.earlier:
             if not rest:
                 break
-            held = set(_held(source, rest))
+            with _named(store):
+                held = set(_held(store.source, rest))
             served |= held
             rest = [i for i in rest if i not in held]
         return served
@@ -206,12 +204,21 @@ def _held(source: Source, ids: Sequence[int]) -> Iterator[int]:
             yield from (int(row[0]) for row in db.execute(_PRESENT, ids=chunk).fetchall())
 
 
-def _named(exc: StoreError, message: str) -> StoreError:
-    """``exc`` again, its message naming the archive (its type kept: StoreBusy stays one)."""
+@contextlib.contextmanager
+def _named(store: Searched) -> Iterator[None]:
+    """An error of an archive's raised again naming it (its type kept: StoreBusy stays
+    one); the hot store's as it is."""
     try:
-        return type(exc)(message)
-    except TypeError:  # an error whose constructor needs more than a message
-        return StoreError(message)
+        yield
+    except StoreError as exc:
+        if not store.name:
+            raise
+        message = f"archive {store.name}: {exc}"
+        try:
+            named = type(exc)(message)
+        except TypeError:  # an error whose constructor needs more than a message
+            named = StoreError(message)
+        raise named from None
 
 
 def _merged(lists: Sequence[Sequence[SearchHit]], order: str) -> Iterator[SearchHit]:
