@@ -28,7 +28,7 @@ from hermes_store.engine import create_store_engine
 from hermes_store.errors import ArchiveRefused
 from hermes_store.models import Base
 from hermes_store.search import SearchResults
-from hermes_store.store import Store
+from hermes_store.store import NewMessage, Store
 
 CORPUS_MESSAGES = 1500
 CORPUS_SEED = 7
@@ -249,6 +249,44 @@ def test_a_message_in_both_stores_counts_once_and_the_hot_copy_serves(
         for offset in range(0, len(merged) + 5, 5):
             pages += both.search("def OR error OR the", sort=sort, limit=5, offset=offset)
         assert pages == list(merged)
+
+
+def test_the_archive_is_read_further_when_the_hot_store_serves_its_best_hits(
+    split: dict[str, Any], tmp_path: Path
+) -> None:
+    # By rank: the archive's best hits are an in-flight session's, which the hot store
+    # also holds but ranks below its own; the archive's own hits come after them.
+    hot, archive = tmp_path / "hot.db", tmp_path / "archive.db"
+    shutil.copy(split["hot"], hot)
+    shutil.copy(split["archive"], archive)
+    word = "zebracorn"
+    filler = " ".join(["plain filler words"] * 40)
+    with Store.open(hot) as store:
+        for sid, text_of in (
+            ("old-only", lambda n: f"{word} {filler} {n}"),
+            ("in-flight", lambda n: f"{word} {word} {word} {n}"),
+            ("hot-only", lambda n: f"{word} {word} {word} {word} {word} {n}"),
+        ):
+            store.create_session(sid, "cli", model=sid)
+            rows = [NewMessage(role="user", content=text_of(n)) for n in range(6)]
+            store.append_messages(sid, rows)
+    move_sessions(hot, archive, ["old-only"])
+    source, target = create_store_engine(hot, create=False), create_store_engine(archive)
+    copy_sessions(source, target, ["in-flight"])
+    source.dispose()
+    target.dispose()
+
+    with Store.open(hot) as alone:
+        alone_models = [h["model"] for h in alone.search(word, limit=-1)]
+        assert alone_models == ["hot-only"] * 6 + ["in-flight"] * 6
+    with Store.open(hot, archives=[archive]) as both:
+        merged = both.search(word, limit=-1)
+        pages: list[Any] = []
+        for offset in range(0, 20, 4):
+            pages += both.search(word, limit=4, offset=offset)
+    # Fused by position: the hot store's first, the archive's first (not in the hot), ...
+    assert [h["model"] for h in merged] == ["hot-only", "old-only"] * 6 + ["in-flight"] * 6
+    assert pages == list(merged)
 
 
 def test_between_archives_the_first_given_wins(
