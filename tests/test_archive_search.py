@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from parity_queries import PARITY_QUERIES
 from sqlalchemy import Engine, delete, insert, select, text, update
 
@@ -203,6 +205,28 @@ def test_pages_of_the_merged_list_are_the_merged_list(
         for offset in range(0, len(whole) + 7, 7):
             pages += both.search(query, sort=sort, limit=7, offset=offset)
     assert pages == whole
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    derandomize=True,
+)
+@given(
+    query=st.sampled_from(["def", "error OR exception", "数据库", "的", "import NOT os"]),
+    sort=st.sampled_from(SORTS),
+    limit=st.integers(-1, 40),
+    offset=st.integers(-3, 400),
+)
+def test_any_page_is_that_slice_of_the_merged_list(
+    split: dict[str, Any], query: str, sort: str | None, limit: int, offset: int
+) -> None:
+    with Store.open(split["hot"], archives=[split["archive"]]) as both:
+        whole = list(both.search(query, sort=sort, limit=-1))
+        page = list(both.search(query, sort=sort, limit=limit, offset=offset))
+    start = max(offset, 0)
+    assert page == (whole[start:] if limit < 0 else whole[start : start + limit])
 
 
 @pytest.fixture
