@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -102,9 +102,8 @@ def search_stores(
 ) -> SearchResults:
     """``options``' search over the hot store and ``archives`` (docs/search.md,
     "Searching archives"): one page of the merged list."""
-    answer = _search_one
     if not archives:
-        return answer(hot, options)
+        return _search_one(hot, options)
     limit, offset = options.page
     offset = max(offset, 0)
     wanted = None if limit < 0 else offset + limit  # None: every hit
@@ -113,7 +112,7 @@ def search_stores(
     degraded: list[str] = []
     order: str | None = None
     for number, store in enumerate(stores):
-        reader = _Reader(store, options, answer, stores[:number])
+        reader = _Reader(store, options, stores[:number])
         kept = reader.first(wanted, set().union(*({hit["id"] for hit in hits} for hits in lists)))
         for note in reader.degraded:
             degraded.append(f"archive {store.name}: {note}" if store.name else note)
@@ -146,12 +145,10 @@ class _Reader:
         self,
         store: Searched,
         options: SearchOptions,
-        answer: Callable[[Source, SearchOptions], SearchResults],
         earlier: Sequence[Searched],
     ) -> None:
         self.store = store
         self.options = options
-        self.answer = answer
         self.earlier = earlier
         self.degraded: list[str] = []
         self.query_error: str | None = None
@@ -177,7 +174,7 @@ class _Reader:
     def _read(self, start: int, count: int) -> SearchResults:
         options = replace(self.options, limit=count, offset=start)
         with _named(self.store):
-            results = self.answer(self.store.source, options)
+            results = _search_one(self.store.source, options)
         if results.degraded and results.degraded not in self.degraded:
             self.degraded.append(results.degraded)
         self.query_error = results.query_error
