@@ -80,7 +80,7 @@ from hermes_store.records import (
     row_reader,
 )
 from hermes_store.search import SearchOptions, SearchResults
-from hermes_store.search.archives import Searched, require_archive, search_stores
+from hermes_store.search.archives import Searched, opening, require_archive, search_stores
 
 __all__ = [
     "MULTIMODAL_PREFIX",
@@ -461,7 +461,8 @@ class Store:
         opened: list[tuple[str, Store]] = []
         try:
             for name, archive in zip(names, archives, strict=True):
-                opened.append((name, cls._open(archive, create=False)))
+                with opening(name):
+                    opened.append((name, cls._open(archive, create=False)))
         except BaseException:
             for _name, archive_store in opened:
                 archive_store.close()

@@ -13,7 +13,7 @@ from rich.text import Text
 from hermes_store.cli.common import db_option, open_existing, operator_errors
 from hermes_store.cli.output import console, emit_records, format_options
 from hermes_store.search import SearchOptions, search_messages
-from hermes_store.search.archives import Searched, require_archive, search_stores
+from hermes_store.search.archives import Searched, opening, require_archive, search_stores
 
 
 def _highlighted(snippet: str) -> Text:
@@ -123,10 +123,10 @@ def search(
     with operator_errors(), _degraded_said_once():
         names = [require_archive(archive) for archive in archives]
         engine = open_existing(db, reading=True)
-        opened = [
-            Searched(name, open_existing(archive, reading=True))
-            for name, archive in zip(names, archives, strict=True)
-        ]
+        opened = []
+        for name, archive in zip(names, archives, strict=True):
+            with opening(name):
+                opened.append(Searched(name, open_existing(archive, reading=True)))
         hits = search_stores(engine, opened, options)
     if hits.degraded:
         click.echo(f"Warning: {hits.degraded}", err=True)

@@ -95,6 +95,17 @@ def require_archive(url: str | os.PathLike[str]) -> str:
     return name
 
 
+@contextlib.contextmanager
+def opening(name: str) -> Iterator[None]:
+    """Opening the archive ``name``: a failure is ArchiveRefused, naming it."""
+    try:
+        yield
+    except ArchiveRefused:
+        raise
+    except StoreError as exc:
+        raise ArchiveRefused(f"archive {name} cannot be opened: {exc}") from None
+
+
 def search_stores(
     hot: Source,
     archives: Sequence[Searched],
