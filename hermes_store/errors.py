@@ -111,6 +111,11 @@ class UnknownRevision(StoreError):
     """A revision name this package does not have (`hermes-store history` lists them)."""
 
 
+class ArchiveRefused(StoreError):
+    """An archive given to a search cannot be searched with the hot store (missing, not a
+    store, unreachable, or not at head)."""
+
+
 class CopyRefused(StoreError):
     """The copy was refused; the target was left as it was (or as its last committed batch)."""
 

@@ -79,7 +79,8 @@ from hermes_store.records import (
     SessionSummary,
     row_reader,
 )
-from hermes_store.search import SearchResults, search_store
+from hermes_store.search import SearchOptions, SearchResults
+from hermes_store.search.archives import Searched, opening, require_archive, search_stores
 
 __all__ = [
     "MULTIMODAL_PREFIX",
@@ -410,6 +411,13 @@ class Store:
             self._connections = PooledConnections(engine)
         else:
             self._connections = engine
+        #: The archives :meth:`search` reads too (:meth:`open`'s ``archives``), in order.
+        self._archives: tuple[tuple[str, Store], ...] = ()
+
+    @property
+    def archives(self) -> tuple[str, ...]:
+        """The archives the store searches besides itself, as messages name them."""
+        return tuple(name for name, _store in self._archives)
 
     @property
     def engine(self) -> Engine:
@@ -428,14 +436,43 @@ class Store:
         return sessionmaker(writes, class_=_StoreSession, expire_on_commit=False)
 
     @classmethod
-    def open(cls, url: str | os.PathLike[str] | None = None, *, create: bool = False) -> Store:
+    def open(
+        cls,
+        url: str | os.PathLike[str] | None = None,
+        *,
+        create: bool = False,
+        archives: Sequence[str | os.PathLike[str]] = (),
+    ) -> Store:
         """Open a store at ``url`` (resolved like every entry point); it must be at head.
 
         The revision is not checked here: run ``migrate.upgrade`` first. The file is
         checked (and created) as :func:`~hermes_store.engine.create_store_engine` does;
         the store's methods then run on sqlite3 connections of its own, and the engine
         (:attr:`engine`, the ORM sessions) is created when first used.
+
+        ``archives`` (paths or URLs, SQLite or PostgreSQL): stores at head holding
+        sessions moved out of this one, which :meth:`search` reads too (docs/search.md,
+        "Searching archives"); the other methods read and write this store only. Each is
+        checked first, read-only: one that is missing, not a store or not at head raises
+        :class:`~hermes_store.errors.ArchiveRefused` naming it, and nothing is opened.
         """
+        names = [require_archive(archive) for archive in archives]
+        store = cls._open(url, create=create)
+        opened: list[tuple[str, Store]] = []
+        try:
+            for name, archive in zip(names, archives, strict=True):
+                with opening(name):
+                    opened.append((name, cls._open(archive, create=False)))
+        except BaseException:
+            for _name, archive_store in opened:
+                archive_store.close()
+            store.close()
+            raise
+        store._archives = tuple(opened)
+        return store
+
+    @classmethod
+    def _open(cls, url: str | os.PathLike[str] | None, *, create: bool) -> Store:
         busy_timeout_ms = default_busy_timeout_ms()
         resolved, path = prepare_store_file(url, create=create)
         if path is None:  # in memory: one database per connection, so the engine's only
@@ -445,8 +482,11 @@ class Store:
         return cls(StoreConnections(resolved, path, busy_timeout_ms=busy_timeout_ms, create=create))
 
     def close(self) -> None:
-        """Close the store's connections (the store stays usable: it reconnects)."""
+        """Close the store's connections, and its archives' (the store stays usable: it
+        reconnects)."""
         self._connections.close()
+        for _name, archive in self._archives:
+            archive.close()
 
     def __enter__(self) -> Store:
         return self
@@ -677,19 +717,21 @@ class Store:
 
         The hits are plain dicts (with their context windows), ranked as the legacy
         application ranks them; ``results.degraded`` says when a damaged index made the
-        search fall back to a scan.
+        search fall back to a scan. A store opened with ``archives`` searches them too:
+        one list, each message once (docs/search.md, "Searching archives").
         """
-        return search_store(
-            self._connections,
+        options = SearchOptions(
             query,
-            source_filter=source_filter,
-            exclude_sources=exclude_sources,
-            role_filter=role_filter,
-            limit=limit,
-            offset=offset,
-            sort=sort,
-            include_inactive=include_inactive,
+            source_filter,
+            exclude_sources,
+            role_filter,
+            limit,
+            offset,
+            sort,
+            include_inactive,
         )
+        archives = [Searched(name, store._connections) for name, store in self._archives]
+        return search_stores(self._connections, archives, options)
 
 
 def _message_row(session_id: str, message: NewMessage) -> tuple[Any, ...]:

@@ -12,7 +12,8 @@ from rich.text import Text
 
 from hermes_store.cli.common import db_option, open_existing, operator_errors
 from hermes_store.cli.output import console, emit_records, format_options
-from hermes_store.search import search_messages
+from hermes_store.search import SearchOptions, search_messages
+from hermes_store.search.archives import Searched, opening, require_archive, search_stores
 
 
 def _highlighted(snippet: str) -> Text:
@@ -55,10 +56,19 @@ def _degraded_said_once() -> Iterator[None]:
     show_default=True,
 )
 @click.option("--include-inactive", is_flag=True, help="Also rewound messages.")
+@click.option(
+    "--archive",
+    "archives",
+    metavar="PATH_OR_URL",
+    multiple=True,
+    help="Also search this archive store, at head (repeatable; the first given wins a "
+    "message two archives hold, the --db store one it holds too).",
+)
 @format_options
 def search(
     query: str,
     db: str | None,
+    archives: tuple[str, ...],
     limit: int,
     offset: int,
     sources: tuple[str, ...],
@@ -92,24 +102,32 @@ def search(
     ("-docker", "C#"). A query that starts with "-" goes after `--`, or click takes it
     for an option.
 
+    With --archive, the archives are searched too: one list, each message once, the
+    --db store's copy first (docs/search.md, "Searching archives").
+
     \b
     Examples:
       hermes-store search "docker compose" --source telegram --limit 5
       hermes-store search --db state.db -- '"-docker"'
+      hermes-store search error --db state.db --archive archive-2024.db --sort newest
     """
+    options = SearchOptions(
+        query,
+        source_filter=list(sources) or None,
+        role_filter=list(roles) or None,
+        limit=limit,
+        offset=offset,
+        sort=None if sort == "rank" else sort,
+        include_inactive=include_inactive,
+    )
     with operator_errors(), _degraded_said_once():
+        names = [require_archive(archive) for archive in archives]
         engine = open_existing(db, reading=True)
-        with engine.connect() as conn:
-            hits = search_messages(
-                conn,
-                query,
-                source_filter=list(sources) or None,
-                role_filter=list(roles) or None,
-                limit=limit,
-                offset=offset,
-                sort=None if sort == "rank" else sort,
-                include_inactive=include_inactive,
-            )
+        opened = []
+        for name, archive in zip(names, archives, strict=True):
+            with opening(name):
+                opened.append(Searched(name, open_existing(archive, reading=True)))
+        hits = search_stores(engine, opened, options)
     if hits.degraded:
         click.echo(f"Warning: {hits.degraded}", err=True)
     if hits.query_error:  # the library's answer is no hits: say why, and fail

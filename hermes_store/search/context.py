@@ -100,20 +100,26 @@ class SearchResults(list[SearchHit]):
     ``query_error`` is None when the query was understood. When it was not (FTS5 rejects
     it, or it holds text no database can store) the hits are none, as the contract says,
     and ``query_error`` says why in one line a person can act on.
+
+    ``order`` is the order the hits are in: ``"rank"``, ``"newest"`` or ``"oldest"`` (the
+    LIKE scan's is ``"newest"`` whatever was asked); None when there are no hits.
     """
 
     degraded: str | None
     query_error: str | None
+    order: str | None
 
     def __init__(
         self,
         hits: Iterable[SearchHit] = (),
         degraded: str | None = None,
         query_error: str | None = None,
+        order: str | None = None,
     ) -> None:
         super().__init__(hits)
         self.degraded = degraded
         self.query_error = query_error
+        self.order = order
 
 
 def context_text(raw: object) -> str:

@@ -100,4 +100,6 @@ def _answer(statements: SearchStatements, plan: Plan, options: SearchOptions) ->
     log.debug("search: %d hit(s) from %s", len(found.rows), found.route.index or "LIKE scan")
     contexts = statements.contexts([int(row["id"]) for row in found.rows])
     hits = [hit_of(row, contexts.get(int(row["id"]), [])) for row in found.rows]
-    return SearchResults(hits, degraded=found.degraded)
+    # The contract's order (Ranking): the LIKE scan's is newest first, whatever was asked.
+    order = (options.order or "rank") if found.route.index is not None else "newest"
+    return SearchResults(hits, degraded=found.degraded, order=order)
