@@ -42,6 +42,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import multiprocessing
 import os
@@ -110,15 +111,32 @@ def median(values: Sequence[float]) -> float:
 # --------------------------------------------------------------------------------------
 
 
+#: What the stores a run builds depend on: a cached store is reused only while these
+#: files are as they were when it was built (their digest is in its name).
+CACHE_INPUTS = ("alembic/versions/*.py", "hermes_store/demo/*.py", "hermes_store/copy/*.py")
+
+
+def code_digest(*extra: str) -> str:
+    """Eight hex digits of the revisions, the corpus generator and the copy (and ``extra``)."""
+    digest = hashlib.sha256()
+    for pattern in CACHE_INPUTS:
+        for path in sorted(workloads.PROJECT_ROOT.glob(pattern)):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    for item in extra:
+        digest.update(item.encode())
+    return digest.hexdigest()[:8]
+
+
 def sqlite_store(workdir: Path, size: int, seed: int) -> tuple[Path, float, bool]:
     """The converted head store of the corpus: (path, seconds to build, reused).
 
-    Kept in ``workdir`` under a name holding the size, the seed and the head revision, with
-    a ``.done`` file written once it is finished: a later run with the same ``--workdir``
-    reuses it (it is only ever read; the appends go to a copy).
+    Kept in ``workdir`` under a name holding the size, the seed and :func:`code_digest`,
+    with a ``.done`` file written once it is finished: a later run with the same
+    ``--workdir`` reuses it (it is only ever read; the appends go to a copy).
     """
     head = migrate.head_revision()
-    path = workdir / f"external-{size}-seed{seed}-{head}.db"
+    path = workdir / f"external-{size}-seed{seed}-{code_digest()}.db"
     done = path.with_name(path.name + ".done")
     if path.exists() and done.exists():
         return path, 0.0, True
@@ -149,6 +167,12 @@ def _copy_job(home: str, source: str, url: str, revision: str | None) -> float:
     return time.perf_counter() - started
 
 
+#: The comment a finished cached copy carries (an interrupted one has none).
+CACHE_COMMENT = "hermes-store pg_parity: complete"
+#: The cached copies' names: ``hermes_parity_cache_<size>_s<seed>_<digest>_<head|today>``.
+CACHE_PREFIX = "hermes_parity_cache"
+
+
 class Server:
     """Databases of this run on a PostgreSQL server, created here and dropped at the end."""
 
@@ -175,6 +199,27 @@ class Server:
         self._admin(f'CREATE DATABASE "{database}"{clause}')
         self.created.append(database)
         return database, self.url(database)
+
+    def complete(self, database: str) -> bool:
+        """Whether ``database`` exists and was marked complete (:meth:`mark_complete`)."""
+        with self.admin.connect() as conn:
+            found = conn.execute(
+                text(
+                    "SELECT shobj_description(oid, 'pg_database') FROM pg_database "
+                    "WHERE datname = :name"
+                ),
+                {"name": database},
+            ).scalar()
+        return found == CACHE_COMMENT
+
+    def create_cached(self, database: str) -> str:
+        """A new empty database that outlives the run (a cached copy): its URL."""
+        self._admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        self._admin(f'CREATE DATABASE "{database}"')
+        return self.url(database)
+
+    def mark_complete(self, database: str) -> None:
+        self._admin(f"COMMENT ON DATABASE \"{database}\" IS '{CACHE_COMMENT}'")
 
     def version(self) -> str:
         with self.admin.connect() as conn:
@@ -211,45 +256,115 @@ class Built:
     facts: dict[str, dict[str, Any]]
     sqlite_reused: bool
     today_is_head: bool
-    scratch: list[Path] = field(default_factory=list)
+    #: The PostgreSQL databases cloned from a cached copy made by an earlier run.
+    pg_reused: list[str] = field(default_factory=list)
 
 
-def build(server: Server, workdir: Path, size: int, seed: int, today: str, home: Path) -> Built:
+def build(
+    server: Server,
+    workdir: Path,
+    size: int,
+    seed: int,
+    today: str,
+    home: Path,
+    *,
+    cache_pg: bool = False,
+) -> Built:
     """The SQLite store of ``size`` and its two PostgreSQL copies (built at the same time)."""
-    head = migrate.head_revision()
     path, sqlite_seconds, reused = sqlite_store(workdir, size, seed)
     log(f"{size}: SQLite head store {'reused' if reused else f'built in {sqlite_seconds:.1f} s'}")
-    urls = {SQLITE: to_url(path)}
-    seconds = {SQLITE: round(sqlite_seconds, 1)}
-    scratch: list[Path] = []
-    head_db, urls[PG_HEAD] = server.create(f"{size}_head")
-    jobs: dict[str, tuple[str, str, str | None]] = {PG_HEAD: (str(path), urls[PG_HEAD], None)}
+    cache = f"{size}_s{seed}" if cache_pg else None
+    built = copies(server, path, workdir, str(size), today, home, cache=cache)
+    built.seconds[SQLITE] = round(sqlite_seconds, 1)
+    built.sqlite_reused = reused
+    return built
+
+
+def copies(
+    server: Server,
+    path: Path,
+    workdir: Path,
+    label: str,
+    today: str,
+    home: Path,
+    *,
+    cache: str | None = None,
+) -> Built:
+    """Copy the SQLite head store at ``path`` into two new databases of ``server``: one at
+    head, one at ``today`` (both copies at the same time, each in a process of its own).
+
+    With ``cache`` (a key naming the corpus), the copies are made once into databases that
+    outlive the run, ``{CACHE_PREFIX}_<cache>_<digest>_head`` and ``..._today``, reused by
+    later runs while :func:`code_digest` is unchanged; each run measures template clones of
+    them (``CREATE DATABASE ... TEMPLATE``), which it drops.
+    """
+    head = migrate.head_revision()
     today_is_head = today == head
-    if not today_is_head:
-        source = layouts.copy_store(path, workdir / f"today-{size}.db")
-        scratch.append(source)
-        migrate.stamp(str(source), today)  # the later search revisions change nothing here
-        _today_db, urls[PG_TODAY] = server.create(f"{size}_today")
-        jobs[PG_TODAY] = (str(source), urls[PG_TODAY], today)
-    log(f"{size}: copying into PostgreSQL ({', '.join(jobs)}, at the same time)")
+    names = [PG_HEAD] if today_is_head else [PG_HEAD, PG_TODAY]
+    if cache is None:
+        targets = {name: server.create(f"{label}_{name[3:]}") for name in names}
+    else:
+        digest = code_digest(today)
+        cached = {name: f"{CACHE_PREFIX}_{cache}_{digest}_{name[3:]}" for name in names}
+        targets = {
+            name: (database, server.create_cached(database))
+            for name, database in cached.items()
+            if not server.complete(database)
+        }
+    urls = {SQLITE: to_url(path)}
+    seconds: dict[str, float] = {}
+    scratch: list[Path] = []
+    jobs: dict[str, tuple[str, str, str | None]] = {}
+    for name, (_database, url) in targets.items():
+        if name == PG_HEAD:
+            jobs[name] = (str(path), url, None)
+        else:
+            source = layouts.copy_store(path, workdir / f"today-{label}.db")
+            scratch.append(source)
+            migrate.stamp(str(source), today)  # the later search revisions change nothing here
+            jobs[name] = (str(source), url, today)
+    if jobs:
+        log(f"{label}: copying into PostgreSQL ({', '.join(jobs)}, at the same time)")
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
-        futures = {name: pool.submit(_copy_job, str(home), *job) for name, job in jobs.items()}
-        for name, future in futures.items():
-            seconds[name] = round(future.result(), 1)
+    try:
+        if jobs:
+            with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
+                futures = {n: pool.submit(_copy_job, str(home), *job) for n, job in jobs.items()}
+                for name, future in futures.items():
+                    seconds[name] = round(future.result(), 1)
+    finally:
+        for source in scratch:
+            source.unlink(missing_ok=True)
+    reused: list[str] = []
+    if cache is not None:
+        for name, database in cached.items():
+            if name in jobs:
+                server.mark_complete(database)
+            else:
+                seconds[name] = 0.0
+                reused.append(name)
+                log(f"{label}: {name} reused from {database}")
+            started = time.perf_counter()
+            _clone, urls[name] = server.create(f"{label}_{name[3:]}", template=database)
+            seconds[f"{name} clone"] = round(time.perf_counter() - started, 1)
+    else:
+        urls.update({name: url for name, (_database, url) in targets.items()})
     if today_is_head:
         started = time.perf_counter()
-        _today_db, urls[PG_TODAY] = server.create(f"{size}_today", template=head_db)
+        head_db = make_url(urls[PG_HEAD]).database
+        _today_db, urls[PG_TODAY] = server.create(f"{label}_today", template=head_db)
         seconds[PG_TODAY] = round(time.perf_counter() - started, 1)
     found = {name: pg_facts(urls[name]) for name in (PG_HEAD, PG_TODAY)}
     for name, expected in ((PG_HEAD, head), (PG_TODAY, today)):
         if found[name]["revision"] != [expected]:
             raise RuntimeError(f"{name}: at {found[name]['revision']}, expected {expected}")
     log(
-        f"{size}: copies done ({seconds[PG_HEAD]} s head, layout {found[PG_HEAD]['layout']}; "
+        f"{label}: copies ready ({seconds[PG_HEAD]} s head, layout {found[PG_HEAD]['layout']}; "
         f"{seconds[PG_TODAY]} s today, layout {found[PG_TODAY]['layout']})"
     )
-    return Built(urls, seconds, found, reused, today_is_head, scratch)
+    if today_is_head and PG_HEAD in reused:
+        reused.append(PG_TODAY)
+    return Built(urls, seconds, found, False, today_is_head, reused)
 
 
 # --------------------------------------------------------------------------------------
@@ -544,7 +659,12 @@ def render_markdown(results: dict[str, Any]) -> str:
             "Databases: "
             + "; ".join(
                 f"{LABELS[n]} at {data['facts'][n]['revision']}, layout "
-                f"{data['facts'][n]['layout']!r}, copied in {data['build_seconds'][n]} s"
+                f"{data['facts'][n]['layout']!r}, "
+                + (
+                    "a clone of a cached copy"
+                    if n in data.get("pg_reused", ())
+                    else f"copied in {data['build_seconds'][n]} s"
+                )
                 for n in (PG_HEAD, PG_TODAY)
             )
             + (" (a template clone of head: today is head)" if data["today_is_head"] else "")
@@ -626,6 +746,8 @@ class Options:
     #: The databases searched (all three by default; leaving pg-today out saves the time of
     #: the slowest one when only the targets are wanted).
     search_on: tuple[str, ...] = DATABASES
+    #: Keep the PostgreSQL copies between runs (see :func:`copies`).
+    cache_pg: bool = False
 
 
 def _loadavg() -> list[float] | None:
@@ -667,7 +789,15 @@ def run(options: Options, workdir: Path, argv: str = "") -> dict[str, Any]:
         }
         started = time.perf_counter()
         for size in options.sizes:
-            built = build(server, workdir, size, options.seed, options.today, home)
+            built = build(
+                server,
+                workdir,
+                size,
+                options.seed,
+                options.today,
+                home,
+                cache_pg=options.cache_pg,
+            )
             try:
                 log(f"{size}: bytes of every table and index")
                 found = measure_bytes(built.urls)
@@ -688,12 +818,11 @@ def run(options: Options, workdir: Path, argv: str = "") -> dict[str, Any]:
                 )
             finally:
                 server.drop_all()
-                for path in built.scratch:
-                    path.unlink(missing_ok=True)
             results["sizes"][str(size)] = {
                 "build_seconds": built.seconds,
                 "sqlite_reused": built.sqlite_reused,
                 "today_is_head": built.today_is_head,
+                "pg_reused": built.pg_reused,
                 "facts": built.facts,
                 "bytes": found,
                 "search": search,
@@ -763,6 +892,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where the SQLite stores are kept and reused across runs (default: a temp dir, "
         "removed afterwards)",
     )
+    parser.add_argument(
+        "--cache-pg",
+        action="store_true",
+        help=f"keep the PostgreSQL copies as databases {CACHE_PREFIX}_* on the server and "
+        "reuse them in later runs (each run measures clones of them); drop them with "
+        "DROP DATABASE when done",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
     parser.add_argument(
         "--render-only", action="store_true", help="rewrite the Markdown from --out's JSON"
@@ -791,6 +927,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pg_url=args.pg,
         seed=args.seed,
         search_on=args.search_on,
+        cache_pg=args.cache_pg,
     )
     keep = args.workdir is not None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hermes-pg-parity-"))
