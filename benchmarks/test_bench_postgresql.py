@@ -42,14 +42,16 @@ def built(
     isolated_home: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[pg_parity.Built]:
-    """The external SQLite store and its two copies in PostgreSQL databases made for the run."""
+    """A copy of the external SQLite store (the appends write to it; the base store is
+    shared by the session) and its two copies in PostgreSQL databases made for the run."""
     server = pg_parity.Server(pg_server_url)
     today = os.environ.get("BENCH_PG_TODAY") or pg_parity.DEFAULT_TODAY
+    work = tmp_path_factory.mktemp("pg-parity")
     try:
         yield pg_parity.copies(
             server,
-            store_set.base(layouts.EXTERNAL),
-            tmp_path_factory.mktemp("pg-today"),
+            store_set.copy(layouts.EXTERNAL, work / "external.db"),
+            work,
             f"b{store_set.n_messages}",
             today,
             isolated_home,
