@@ -334,7 +334,8 @@ def copies(
             migrate.stamp(str(source), today)  # the later search revisions change nothing here
             jobs[name] = (str(source), url, today)
     if jobs:
-        log(f"{label}: copying into PostgreSQL ({', '.join(jobs)}, at the same time)")
+        both = ", at the same time" if len(jobs) > 1 else ""
+        log(f"{label}: copying into PostgreSQL ({', '.join(jobs)}{both})")
     context = multiprocessing.get_context("spawn")
     try:
         if jobs:
