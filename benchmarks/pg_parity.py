@@ -847,6 +847,20 @@ def run(options: Options, workdir: Path, argv: str = "") -> dict[str, Any]:
     return results
 
 
+def prebuild(options: Options, workdir: Path) -> int:
+    """Build every size's SQLite store and cached PostgreSQL copies; measure nothing."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    home = workdir / "hermes-home"
+    workloads.isolate_environment(home)
+    with _server(options.pg_url) as server:
+        for size in options.sizes:
+            started = time.perf_counter()
+            built = build(server, workdir, size, options.seed, options.today, home, cache_pg=True)
+            server.drop_all()  # the clones; the cached copies stay
+            log(f"{size}: ready in {time.perf_counter() - started:.1f} s ({built.seconds})")
+    return 0
+
+
 def write(results: dict[str, Any], out: Path) -> Path:
     """Write pg_parity.json and pg_parity.md under ``out``; print the Markdown."""
     out.mkdir(parents=True, exist_ok=True)
@@ -914,6 +928,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reuse them in later runs (each run measures clones of them); drop them with "
         "DROP DATABASE when done",
     )
+    parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the SQLite stores and the cached PostgreSQL copies of every size, measure "
+        "nothing (needs --workdir and --cache-pg): a later run with the same options reuses "
+        "them",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
     parser.add_argument(
         "--render-only", action="store_true", help="rewrite the Markdown from --out's JSON"
@@ -944,6 +965,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         search_on=args.search_on,
         cache_pg=args.cache_pg,
     )
+    if args.build_only:
+        if args.workdir is None or not args.cache_pg:
+            parser.error("--build-only needs --workdir and --cache-pg (where the stores stay)")
+        return prebuild(options, args.workdir)
     keep = args.workdir is not None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hermes-pg-parity-"))
     workdir.mkdir(parents=True, exist_ok=True)
