@@ -82,6 +82,10 @@ SESSION_LENGTH = 200
 #: Every REWIND_EVERY appends, a writer rewinds (active=0) its last REWIND_LAST messages.
 REWIND_EVERY = 20
 REWIND_LAST = 3
+#: Issue 26's target: with this many writers, PostgreSQL's search p50 at most this many
+#: times SQLite's, in the same run.
+TARGET_WRITERS = 8
+SEARCH_P50_MAX_RATIO = 2.0
 #: Messages per writer, appended in turn (generated once, each writer its own slice).
 POOL = 300
 #: The searcher's queries, in turn: words, a phrase, a prefix, OR, and CJK.
@@ -837,6 +841,8 @@ def run(options: Options, workdir: Path) -> dict[str, Any]:
                 )
     results["meta"]["loadavg_after"] = _loadavg()
     results["crossover"] = crossover(results)
+    results["ratios"] = ratios(results)
+    results["search_target"] = search_target(results)
     return results
 
 
@@ -931,9 +937,10 @@ def table(results: dict[str, Any]) -> list[str]:
     """The Markdown table: one row per writer count and database."""
     header = (
         "| writers | database | appends/s | append p50 (ms) | append p99 (ms) "
-        "| errors busy / other | rewinds | searches/s | search p50 (ms) | rows checked |"
+        "| errors busy / other | rewinds | searches/s | search p50 (ms) | search p99 (ms) "
+        "| rows checked |"
     )
-    lines = [header, "|" + "---|" * 10]
+    lines = [header, "|" + "---|" * 11]
     backends = [b for b in BACKENDS if _cells(results, b)]
     writer_counts = sorted({c["writers"] for c in results["cells"]})
     for writers in writer_counts:
@@ -955,10 +962,86 @@ def table(results: dict[str, Any]) -> list[str]:
                 f"| {_errors(cell['errors'])} | {cell['rewinds']} "
                 f"| {_num(search['per_s']) if search else 'not run'} "
                 f"| {_num(search['p50_ms'], 2) if search else '–'} "
+                f"| {_num(search['p99_ms'], 2) if search else '–'} "
                 f"| {checked['expected']:,} {'none lost' if ok else 'MISMATCH'} |"
             )
     for backend, reason in results["not_measured"].items():
-        lines.append(f"| all | {LABELS[backend]} | not measured: {reason} |" + " |" * 7)
+        lines.append(f"| all | {LABELS[backend]} | not measured: {reason} |" + " |" * 8)
+    return lines
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    if value is None or not reference:
+        return None
+    return value / reference
+
+
+def ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """PostgreSQL's figures over SQLite's, per writer count measured on both."""
+    lite, pg = _cells(results, SQLITE), _cells(results, POSTGRESQL)
+    rows: list[dict[str, Any]] = []
+    for writers in sorted(set(lite) & set(pg)):
+        a, b = lite[writers], pg[writers]
+        row: dict[str, Any] = {
+            "writers": writers,
+            "appends_per_s": _ratio(b["appends_per_s"], a["appends_per_s"]),
+            "append_p50_ms": _ratio(b["append_p50_ms"], a["append_p50_ms"]),
+            "append_p99_ms": _ratio(b["append_p99_ms"], a["append_p99_ms"]),
+            "search_p50_ms": None,
+            "search_p99_ms": None,
+        }
+        if a["search"] and b["search"]:
+            row["search_p50_ms"] = _ratio(b["search"]["p50_ms"], a["search"]["p50_ms"])
+            row["search_p99_ms"] = _ratio(b["search"]["p99_ms"], a["search"]["p99_ms"])
+        rows.append(row)
+    return rows
+
+
+def search_target(results: dict[str, Any]) -> dict[str, Any] | None:
+    """Issue 26's target: PostgreSQL's search p50 within SEARCH_P50_MAX_RATIO of SQLite's
+    at TARGET_WRITERS writers, in the same run (None when that cell was not run)."""
+    row = next((r for r in ratios(results) if r["writers"] == TARGET_WRITERS), None)
+    if row is None:
+        return None
+    value = row["search_p50_ms"]
+    return {
+        "target": f"search p50 with {TARGET_WRITERS} writers: PostgreSQL / SQLite at most "
+        f"{SEARCH_P50_MAX_RATIO:g}x",
+        "value": value,
+        "p99_ratio": row["search_p99_ms"],
+        "passed": None if value is None else value <= SEARCH_P50_MAX_RATIO,
+    }
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.2f}x"
+
+
+def ratio_table(results: dict[str, Any]) -> list[str]:
+    """PostgreSQL ÷ SQLite per writer count (latencies: above 1 is PostgreSQL slower)."""
+    rows = ratios(results)
+    if not rows:
+        return []
+    lines = [
+        "| writers | appends/s | append p50 | append p99 | search p50 | search p99 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['writers']} | {_x(row['appends_per_s'])} | {_x(row['append_p50_ms'])} "
+            f"| {_x(row['append_p99_ms'])} | {_x(row['search_p50_ms'])} "
+            f"| {_x(row['search_p99_ms'])} |"
+        )
+    target = search_target(results)
+    if target is not None:
+        verdict = (
+            "not measured" if target["passed"] is None else ("PASS" if target["passed"] else "MISS")
+        )
+        lines += [
+            "",
+            f"Target, {target['target']}: {_x(target['value'])} (p99 "
+            f"{_x(target['p99_ratio'])}): {verdict}.",
+        ]
     return lines
 
 
@@ -1005,6 +1088,9 @@ def render_markdown(results: dict[str, Any], *, heading: str = "#") -> str:
         "",
         *table(results),
     ]
+    ratio_lines = ratio_table(results)
+    if ratio_lines:
+        lines += ["", "PostgreSQL ÷ SQLite, same run:", "", *ratio_lines]
     for backend, reason in results["search_not_measured"].items():
         lines += ["", f"Searcher on {LABELS[backend]}: not measured: {reason}."]
     samples = [

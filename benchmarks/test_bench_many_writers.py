@@ -263,3 +263,40 @@ def test_a_database_not_measured_is_reported_with_its_reason(tmp_path: Path):
     markdown = mw.render_markdown(results)
     assert f"| all | PostgreSQL | not measured: {reason} |" in markdown
     assert "No comparison: PostgreSQL not measured" in markdown
+
+
+def _search_cell(backend, writers, p50, p99):
+    return {
+        "backend": backend,
+        "writers": writers,
+        "appends_per_s": 100.0,
+        "append_p50_ms": 1.0,
+        "append_p99_ms": 10.0,
+        "search": {"p50_ms": p50, "p99_ms": p99},
+    }
+
+
+def test_the_ratios_state_postgresql_over_sqlite_and_the_8_writer_search_target():
+    results = {
+        "cells": [
+            _search_cell(mw.SQLITE, 1, 2.0, 8.0),
+            _search_cell(mw.POSTGRESQL, 1, 3.0, 40.0),
+            _search_cell(mw.SQLITE, 8, 2.0, 10.0),
+            _search_cell(mw.POSTGRESQL, 8, 5.0, 15.0),
+        ]
+    }
+    by_writers = {row["writers"]: row for row in mw.ratios(results)}
+    assert by_writers[1]["search_p50_ms"] == pytest.approx(1.5)
+    assert by_writers[1]["search_p99_ms"] == pytest.approx(5.0)
+    target = mw.search_target(results)
+    assert target["value"] == pytest.approx(2.5)
+    assert target["passed"] is False
+    lines = mw.ratio_table(results)
+    assert "| 8 | 1.00x | 1.00x | 1.00x | 2.50x | 1.50x |" in lines
+    assert any(line.endswith(": MISS.") for line in lines)
+
+    results["cells"][3]["search"]["p50_ms"] = 4.0  # 2.0x: within the target
+    assert mw.search_target(results)["passed"] is True
+    # Without an 8-writer cell on both databases there is no verdict.
+    results["cells"] = results["cells"][:2]
+    assert mw.search_target(results) is None
