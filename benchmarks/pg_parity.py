@@ -410,6 +410,7 @@ def measure_bytes(urls: dict[str, str]) -> dict[str, dict[str, Any]]:
                         "total": pg.total_bytes,
                         "layout": pg.layout,
                         "tsvector_columns": list(pg.tsvector_columns),
+                        "stored_words": dict(pg.stored_words),
                         "database_bytes": pg.database_bytes,
                         "counted": "pg_table_size per table, pg_relation_size per index",
                     }
@@ -636,6 +637,12 @@ def _bytes_table(found: dict[str, dict[str, Any]]) -> list[str]:
         columns = found[name].get("tsvector_columns")
         if columns:
             lines += ["", f"{LABELS[name]}: tsvector columns {', '.join(columns)}."]
+        for column, size in (found[name].get("stored_words") or {}).items():
+            lines += [
+                "",
+                f"{LABELS[name]}: stored words {column}: {size:,} bytes (lexemes and"
+                " positions, within messages' bytes, filed with the search indexes).",
+            ]
     return lines
 
 
