@@ -142,13 +142,20 @@ class Mover:
             self.moved.longest_lock_s = max(self.moved.longest_lock_s, held)
 
     def _write(self, side: Side, work: Callable[[Connection], Any]) -> Any:
-        """One write transaction on ``side`` (timed when it is the hot store)."""
-        started = time.perf_counter()
-        try:
-            with side.writing() as conn:
-                return work(conn)
-        finally:
-            self._timed(side, started)
+        """One write transaction on ``side``; on the hot store, how long it held the write
+        lock (from the BEGIN that took it to the COMMIT) is kept."""
+        with side.writer.connect() as conn:
+            transaction = conn.begin()  # waits for the write lock (the busy timeout)
+            started = time.perf_counter()
+            try:
+                result = work(conn)
+                transaction.commit()
+            except BaseException:
+                transaction.rollback()
+                raise
+            finally:
+                self._timed(side, started)
+            return result
 
     # -- a new batch ----------------------------------------------------------------------
 

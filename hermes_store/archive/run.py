@@ -250,11 +250,20 @@ def _move_all(
     mover = Mover(src, dst, src, result.moved)
     budget = min(FIRST_BATCH_MESSAGES, most)
     rest = trees
+    #: Trees of a batch that changed while being moved, each tried once more on its own:
+    #: one session the agent wrote to keeps only its own tree back.
+    alone: list[Tree] = []
     total = sum(len(tree.sessions) for tree in trees)
-    while rest:
-        batch, rest = _batches(rest, budget)
+    while rest or alone:
+        if alone:
+            batch, alone = alone[:1], alone[1:]
+        else:
+            batch, rest = _batches(rest, budget)
         ids = [sid for tree in batch for sid in tree.sessions]
-        mover.move(ids, lambda rows: still_qualifies(rows, rule, time.time()))
+        moved = mover.move(ids, lambda rows: still_qualifies(rows, rule, time.time()))
+        if not moved and len(batch) > 1:
+            alone.extend(batch)
+            result.moved.changed -= 1  # counted per tree when tried alone
         held = mover.last_lock_s
         if held > LOCK_TARGET_S:
             budget = max(1, budget // 2)
@@ -262,7 +271,7 @@ def _move_all(
             budget = min(most, budget * 2)
         if progress is not None:
             progress(result.moved, total)
-        if rest:
+        if rest or alone:
             time.sleep(max(MIN_PAUSE_S, held * PAUSE_SHARE))
 
 
