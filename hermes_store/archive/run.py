@@ -69,6 +69,8 @@ class MoveResult:
     vacuum_needed_bytes: int = 0
     #: A batch a stopped run left, which the next run finishes (dry runs only).
     in_flight: str = ""
+    #: restore: the session is in the hot store already (nothing to move).
+    in_hot: bool = False
     seconds: float = 0.0
 
     @property
@@ -106,6 +108,7 @@ class MoveResult:
             "bytes_after": self.bytes_after,
             "vacuum_needed_bytes": self.vacuum_needed_bytes,
             "nothing_to_move": self.nothing_to_move,
+            "in_hot_store_already": self.in_hot,
             "seconds": round(self.seconds, 3),
         }
 
@@ -299,12 +302,12 @@ def restore_session(
         if tree is None:
             with dst.reading() as conn:
                 here = tree_of(conn, session_id) is not None
-            where = "it is in the hot store already" if here else "no session has that id"
-            if not result.moved.batches:
+            if not here:
                 raise ArchiveRefused(
-                    f"--from {src.shown} holds no session {session_id!r} ({where}); nothing "
-                    "was changed"
+                    f"--from {src.shown} holds no session {session_id!r}, nor does the hot "
+                    "store; nothing was changed"
                 )
+            result.in_hot = True
         else:
             with src.reading() as src_conn, dst.reading() as dst_conn:
                 refused = conflicts(dst_conn, src_conn, [tree])

@@ -31,6 +31,8 @@ def _print(result: Any) -> None:
     verb = "archive" if result.direction == "archive" else "restore"
     if result.dry_run:
         say(f"would {verb}: {_what(result)}; nothing was changed (dry run)")
+    elif result.in_hot:
+        say("nothing to restore: the session is in the hot store already")
     elif result.nothing_to_move:
         say(f"nothing to {verb}: no session tree qualifies")
     else:

@@ -1,0 +1,148 @@
+"""kill -9 at each step of an archive or restore batch, then the same command again: every
+message in exactly one store and unchanged, no tree split, `check` passing on both."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from archive_support import (
+    MOVED_BY_AGE,
+    build_hot,
+    message_ids,
+    rows_of,
+    session_ids,
+    snapshot,
+    union_equals,
+)
+from click.testing import CliRunner
+
+from hermes_store.archive import archive_sessions, criterion, restore_session
+from hermes_store.cli import main
+from hermes_store.store import NewMessage, Store
+
+pytestmark = pytest.mark.slow
+
+STEPS = ("marked", "copying", "copied", "verified", "deleting", "deleted", "done")
+
+_KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from hermes_store.archive import archive_sessions, criterion, move, restore_session
+
+    step, direction, hot, other, session = sys.argv[1:6]
+
+    def kill_at(name):
+        if name == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    move.STEP_HOOK = kill_at
+    if direction == "archive":
+        archive_sessions(hot, other, criterion(older_than="90d"))
+    else:
+        restore_session(session, hot, other)
+    sys.exit(3)  # the step was never reached
+    """
+)
+
+
+def _killed_at(step: str, direction: str, hot: Path, other: Path, session: str = "") -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED, step, direction, str(hot), str(other), session],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, (step, done.returncode, done.stderr[-2000:])
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_hot(tmp_path_factory.mktemp("kill") / "template.db")
+
+
+@pytest.fixture
+def hot(template: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "state.db"
+    path.write_bytes(template.read_bytes())
+    path.chmod(0o600)
+    return path
+
+
+def _check(path: Path) -> None:
+    done = CliRunner().invoke(main, ["check", "--db", str(path)])
+    assert done.exit_code == 0, done.output
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_archive_killed_at_each_step_then_resumed(hot: Path, tmp_path: Path, step: str) -> None:
+    before = snapshot(hot)
+    archive = tmp_path / "archive.db"
+    _killed_at(step, "archive", hot, archive)
+    # Killed: a session may be in both stores (copied, not yet deleted), never in neither.
+    union = message_ids(hot) | message_ids(archive)
+    assert union == {row[0] for row in before["messages"]}
+    result = archive_sessions(str(hot), str(archive), criterion(older_than="90d"))
+    if step not in ("done",):
+        assert result.moved.resumed, step
+    union_equals(before, hot, archive)
+    assert session_ids(archive) == MOVED_BY_AGE
+    assert not rows_of(hot, "SELECT 1 FROM state_meta WHERE key LIKE 'hermes_store.archive%'")
+    assert not rows_of(archive, "SELECT 1 FROM state_meta WHERE key LIKE 'hermes_store.archive%'")
+    _check(hot)
+    _check(archive)
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_restore_killed_at_each_step_then_resumed(hot: Path, tmp_path: Path, step: str) -> None:
+    before = snapshot(hot)
+    archive = tmp_path / "archive.db"
+    archive_sessions(str(hot), str(archive), criterion(older_than="90d"))
+    _killed_at(step, "restore", hot, archive, "r1-cont")
+    result = restore_session("r1-cont", str(hot), str(archive))
+    assert result.moved.resumed or step == "done"
+    union_equals(before, hot, archive)
+    assert {"r1", "r1-cont", "r1-sub"} <= session_ids(hot)
+    assert session_ids(archive) == MOVED_BY_AGE - {"r1", "r1-cont", "r1-sub"}
+    _check(hot)
+    _check(archive)
+
+
+def test_a_batch_written_to_after_the_kill_is_taken_back(hot: Path, tmp_path: Path) -> None:
+    """Killed between the copy and the delete; the agent then appends to one of the
+    batch's sessions: the next run finds the hot rows changed, takes the copy back out of
+    the archive, and the new message is kept with its session in the hot store."""
+    archive = tmp_path / "archive.db"
+    _killed_at("verified", "archive", hot, archive)
+    with Store.open(str(hot)) as store:
+        (late,) = store.append_messages("r1-sub", [NewMessage(role="user", content="late")])
+    before = snapshot(hot)
+    result = archive_sessions(str(hot), str(archive), criterion(older_than="90d"))
+    assert "took back" in result.moved.resumed
+    union_equals(before, hot, archive)
+    assert late in message_ids(hot)
+    assert {"r1", "r1-cont", "r1-sub"} <= session_ids(hot)  # its tree is young again
+    assert session_ids(archive) == MOVED_BY_AGE - {"r1", "r1-cont", "r1-sub"}
+    _check(hot)
+    _check(archive)
+
+
+def test_a_batch_in_flight_to_another_archive_is_refused(hot: Path, tmp_path: Path) -> None:
+    first, second = tmp_path / "first.db", tmp_path / "second.db"
+    _killed_at("copied", "archive", hot, first)
+    done = CliRunner().invoke(
+        main, ["archive", "--db", str(hot), "--to", str(second), "--older-than", "90d"]
+    )
+    assert done.exit_code == 1
+    assert "batch in flight" in done.output
+    assert str(first) in done.output
+    assert len(done.output.strip().splitlines()) == 1
+    assert session_ids(second) == set()
+    archive_sessions(str(hot), str(first), criterion(older_than="90d"))
+    assert session_ids(first) == MOVED_BY_AGE
