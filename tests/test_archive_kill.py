@@ -146,3 +146,22 @@ def test_a_batch_in_flight_to_another_archive_is_refused(hot: Path, tmp_path: Pa
     assert session_ids(second) == set()
     archive_sessions(str(hot), str(first), criterion(older_than="90d"))
     assert session_ids(first) == MOVED_BY_AGE
+
+
+def test_a_restored_session_the_agent_continues_stays_continued(hot: Path, tmp_path: Path) -> None:
+    """Killed after a restore's copy committed; the agent then continues the restored
+    session in the hot store: the next run deletes the archive's copy (the hot store's is
+    the newer one) and the agent's message is kept."""
+    archive = tmp_path / "archive.db"
+    archive_sessions(str(hot), str(archive), criterion(older_than="90d"))
+    _killed_at("copied", "restore", hot, archive, "r1")
+    with Store.open(str(hot)) as store:
+        (late,) = store.append_messages("r1", [NewMessage(role="user", content="continued")])
+    result = restore_session("r1", str(hot), str(archive))
+    assert "finished" in result.moved.resumed
+    assert late in message_ids(hot)
+    assert not message_ids(hot) & message_ids(archive)
+    assert {"r1", "r1-cont", "r1-sub"} <= session_ids(hot)
+    assert not {"r1", "r1-cont", "r1-sub"} & session_ids(archive)
+    _check(hot)
+    _check(archive)

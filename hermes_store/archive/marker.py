@@ -1,14 +1,15 @@
 """The batch in flight: one ``state_meta`` row in each of the two stores.
 
 ``hermes_store.archive.batch`` holds a JSON object: the batch's token, the stores it moves
-from and to (by name), and its session ids. The store it moves from gets it in a
+from and to (by name), its session ids and prompt hashes, and the row count and checksum
+of each table's rows of the batch as they were copied. The store it moves from gets it in a
 transaction of its own before anything is copied; the store it moves to gets it in the
 transaction that copies the rows; the first is deleted in the transaction that deletes
 the rows, the second after that. So after a kill at any instant:
 
 - only the first: the copy never committed; the other store holds nothing of the batch;
-- both: the copy committed, the delete did not: verify, then delete (or, when the rows
-  differ, take the copy back);
+- both: the copy committed (verified), the delete did not: check the first store still
+  holds what was copied, then delete (or, when it changed, take the copy back);
 - only the second: the delete committed; only the marker is left to clear.
 
 ``hermes-store copy`` never copies it (every ``hermes_store.`` key is a store's own).

@@ -1,19 +1,23 @@
 """One batch of session trees moved from one store to the other, and a batch in flight
 finished after a kill.
 
-A batch goes in five steps, each a transaction of its own (see ``marker`` for what a kill
-between any two leaves, and how the next run finishes it):
+A batch goes in these steps, each a transaction of its own (see ``marker`` for what a
+kill between any two leaves, and how the next run finishes it):
 
-1. the marker, in the store the batch leaves;
-2. the rows, copied into the other store with its marker, in one transaction;
-3. the copy verified: each table's row count and checksum of the batch's rows, as read
-   from the first store and as the second now holds them;
-4. under the first store's write lock: the batch's sessions locked, its rows checked
-   again (unchanged since the copy, no new child session), then deleted with the marker;
-5. the second store's marker cleared.
+1. the marker, in the store the batch leaves, with the row count and checksum of each
+   table's rows of the batch as read there;
+2. the rows copied into the other store, read back and verified against those checksums,
+   and its marker, in one transaction (a copy that reads back different is rolled back);
+3. under the first store's write lock: the batch's sessions locked, its rows checked
+   against the checksums again (unchanged since they were read, no new child session),
+   then deleted, with the marker;
+4. the second store's marker cleared.
 
-A batch whose rows changed between the copy and the delete (the agent wrote to one of its
-sessions) is taken back out of the second store and stays where it was.
+A batch whose rows changed in the first store since they were read (the agent wrote to one
+of its sessions) is taken back out of the second store, once that copy is checked to be
+unchanged, and stays where it was. A copy the agent writes to after it committed (a
+restored session continued) is the newer one: the first store's rows are deleted as
+checked, whatever the second store's rows became.
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ def reached(step: str) -> None:
 
 class _Changed(Exception):
     """The batch's rows changed between the copy and the delete."""
+
+
+class _CopyDiffers(Exception):
+    """The copy, read back in its transaction, differs from the rows read (by table)."""
 
 
 @dataclass
@@ -103,14 +111,6 @@ def _new_children(conn: Connection, ids: Sequence[str]) -> int:
         .where(sessions.c.parent_session_id.in_(list(ids)), ~sessions.c.id.in_(list(ids)))
     )
     return int(conn.scalar(query) or 0)
-
-
-def _hashes(conn: Connection, ids: Sequence[str]) -> list[str]:
-    sessions = copied_table("sessions")
-    query = select(sessions.c.system_prompt_hash).where(
-        owned_condition(sessions, ids), sessions.c.system_prompt_hash.is_not(None)
-    )
-    return sorted(set(conn.scalars(query)))
 
 
 def _held(conn: Connection, ids: Sequence[str]) -> int:
@@ -165,54 +165,59 @@ class Mover:
         were."""
         self.last_lock_s = 0.0
         token = secrets.token_hex(8)
-        marker: dict[str, Any] = {
-            "batch": token,
-            "from": self.src.name,
-            "to": self.dst.name,
-            "sessions": sorted(ids),
-        }
         with self.src.reading() as conn:
-            rows = read_batch(conn, marker["sessions"])
+            rows = read_batch(conn, sorted(ids))
             high = self.src.backend.message_id_high_water(conn)
         if check is not None and not check(rows):
             self.moved.changed += 1
             return False
-        expected = rows.sums()
+        marker: dict[str, Any] = {
+            "batch": token,
+            "from": self.src.name,
+            "to": self.dst.name,
+            "sessions": rows.ids,
+            "hashes": rows.hashes,
+            "sums": rows.sums(),
+        }
         self._write(self.src, lambda conn: put_marker(conn, marker))
         reached("marked")
 
         def copy(conn: Connection) -> None:
             write_batch(conn, rows)
+            # Verified before it commits: read back, the copy's rows are the rows read.
+            differ = differences(batch_sums(conn, rows.ids, rows.hashes), marker["sums"])
+            if differ:
+                raise _CopyDiffers(differ)
             self.dst.backend.raise_message_ids(conn, high)
             put_marker(conn, marker)
             reached("copying")
 
         try:
             self._write(self.dst, copy)
-        except IntegrityError as exc:
+        except (IntegrityError, _CopyDiffers) as exc:
             self._write(self.src, lambda conn: clear_marker(conn, token))
-            reason = self.dst.backend.write_refusal_reason(exc.orig)
+            if isinstance(exc, _CopyDiffers):
+                reason = f"read back, {', '.join(exc.args[0])} differed"
+            else:
+                reason = self.dst.backend.write_refusal_reason(exc.orig)
             raise ArchiveRefused(
                 f"{self.dst.option} {self.dst.shown} refused the batch of sessions "
-                f"{marker['sessions'][0]!r}.. ({reason}); it was rolled back and every session "
-                "is where it was. Fix the cause, then run the same command again"
+                f"{rows.ids[0]!r}.. ({reason}); it was rolled back and every session is where "
+                "it was. Fix the cause, then run the same command again"
             ) from None
         reached("copied")
-        return self.finish(marker, expected, size=rows.bytes())
+        return self.finish(marker, size=rows.bytes())
 
     # -- verify, delete, clear ------------------------------------------------------------
 
-    def finish(self, marker: dict[str, Any], expected: Sums | None, *, size: int = 0) -> bool:
-        """Verify a batch both stores hold, then delete it from ``src``; a batch that
-        changed since the copy is taken back out of ``dst`` instead. False in that case."""
+    def finish(self, marker: dict[str, Any], *, size: int = 0) -> bool:
+        """Delete a batch ``dst`` holds a verified copy of from ``src``, once ``src`` is
+        checked, under its write lock, to hold what was copied (``marker["sums"]``); a
+        batch that changed there since is taken back out of ``dst`` instead (False)."""
         ids: list[str] = marker["sessions"]
         token: str = marker["batch"]
-        with self.dst.reading() as conn:
-            hashes = _hashes(conn, ids)
-            copied = batch_sums(conn, ids, hashes)
-        if expected is not None and differences(expected, copied):
-            self._take_back(marker)
-            return False
+        hashes: list[str] = marker["hashes"]
+        copied: Sums = {name: (int(n), str(h)) for name, (n, h) in marker["sums"].items()}
         reached("verified")
 
         def delete(conn: Connection) -> dict[str, int]:
@@ -229,7 +234,7 @@ class Mover:
         try:
             deleted = self._write(self.src, delete)
         except _Changed:
-            self._take_back(marker)
+            self._take_back(marker, copied)
             return False
         reached("deleted")
         self._write(self.dst, lambda conn: clear_marker(conn, token))
@@ -240,13 +245,23 @@ class Mover:
         self.moved.add(deleted, size)
         return True
 
-    def _take_back(self, marker: dict[str, Any]) -> None:
-        """Delete a batch's copy from ``dst`` (with its marker), then ``src``'s marker."""
+    def _take_back(self, marker: dict[str, Any], copied: Sums) -> None:
+        """Delete a batch's copy from ``dst`` (with its marker), then ``src``'s marker; a
+        copy that was written to since (both stores changed) is left, and refused."""
         ids: list[str] = marker["sessions"]
         token: str = marker["batch"]
+        hashes: list[str] = marker["hashes"]
 
         def remove(conn: Connection) -> None:
-            delete_rows(conn, ids, _hashes(conn, ids))
+            _locked_sessions(conn, ids)
+            if _new_children(conn, ids) or differences(batch_sums(conn, ids, hashes), copied):
+                raise ArchiveRefused(
+                    f"the batch of sessions {ids[0]!r}.. was written to in both "
+                    f"{self.src.shown} and {self.dst.shown} while it moved; nothing more was "
+                    "changed, both copies are kept with the batch's marker. Decide which "
+                    "copy to keep, delete the other's sessions, and run the command again"
+                )
+            delete_rows(conn, ids, hashes)
             clear_marker(conn, token)
 
         self._write(self.dst, remove)
@@ -285,7 +300,7 @@ def finish_in_flight(first: Side, second: Side, hot: Side, moved: Moved) -> None
     ids, token = marker["sessions"], marker["batch"]
     mover = Mover(src, dst, hot, moved)
     if at_src is not None and at_dst is not None:
-        done = mover.finish(marker, None)
+        done = mover.finish(at_dst)
         moved.resumed = (
             f"finished the batch of {len(ids)} sessions a stopped run had copied to {dst.shown}"
             if done
