@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes_store.archive.marker import read_marker
-from hermes_store.archive.move import Moved, Mover, finish_in_flight
+from hermes_store.archive.move import (
+    LOCK_TARGET_S,
+    MIN_PAUSE_S,
+    PAUSE_SHARE,
+    Moved,
+    Mover,
+    finish_in_flight,
+)
 from hermes_store.archive.rows import read_batch
 from hermes_store.archive.select import (
     Criterion,
@@ -37,11 +44,6 @@ BATCH_MESSAGES = 2000
 FIRST_BATCH_MESSAGES = 200
 #: Sessions per batch at most (their ids are one IN list per statement).
 BATCH_SESSIONS = 200
-LOCK_TARGET_S = 0.1
-#: Pause after a batch, as a share of the time it held the hot store's write lock, and
-#: at least MIN_PAUSE_S: the agent's writes get the lock in between.
-PAUSE_SHARE = 1.0
-MIN_PAUSE_S = 0.02
 
 
 @dataclass
