@@ -164,3 +164,22 @@ def assert_whole_trees(hot: Path, archive: Path) -> None:
 
 def message_ids(path: Path) -> set[int]:
     return {row[0] for row in rows_of(path, "SELECT id FROM messages")}
+
+
+#: The session of :func:`add_big_tree`: more messages than one chunk of the hot store.
+BIG = "big-old"
+
+
+def add_big_tree(path: Path, messages: int = 1000) -> None:
+    """An old, ended session with ``messages`` messages (it enters and leaves the hot
+    store in chunks)."""
+    with Store.open(str(path)) as store:
+        store.create_session(BIG, "cli", started_at=OLD)
+        store.append_messages(
+            BIG,
+            [
+                NewMessage(role="user", content=f"big {i} {SECRET} docker", timestamp=OLD + i)
+                for i in range(messages)
+            ],
+        )
+        store.end_session(BIG, "done", ended_at=OLD + messages + 1)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 from archive_support import (
+    BIG,
     MOVED_BY_AGE,
+    add_big_tree,
     build_hot,
     message_ids,
     rows_of,
@@ -21,7 +23,7 @@ from archive_support import (
 )
 from click.testing import CliRunner
 
-from hermes_store.archive import archive_sessions, criterion, restore_session
+from hermes_store.archive import archive_sessions, criterion, move, restore_session
 from hermes_store.cli import main
 from hermes_store.store import NewMessage, Store
 
@@ -35,10 +37,14 @@ _KILLED = textwrap.dedent(
     from hermes_store.archive import archive_sessions, criterion, move, restore_session
 
     step, direction, hot, other, session = sys.argv[1:6]
+    step, _, nth = step.partition(":")
+    seen = []
 
     def kill_at(name):
         if name == step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            seen.append(name)
+            if len(seen) >= int(nth or 1):
+                os.kill(os.getpid(), signal.SIGKILL)
 
     move.STEP_HOOK = kill_at
     if direction == "archive":
@@ -163,5 +169,84 @@ def test_a_restored_session_the_agent_continues_stays_continued(hot: Path, tmp_p
     assert not message_ids(hot) & message_ids(archive)
     assert {"r1", "r1-cont", "r1-sub"} <= session_ids(hot)
     assert not {"r1", "r1-cont", "r1-sub"} & session_ids(archive)
+    _check(hot)
+    _check(archive)
+
+
+@pytest.fixture
+def big_hot(hot: Path) -> Path:
+    add_big_tree(hot)
+    return hot
+
+
+@pytest.mark.parametrize("nth", [1, 3])
+def test_a_chunked_archive_killed_midway_then_resumed(
+    big_hot: Path, tmp_path: Path, nth: int
+) -> None:
+    hot = big_hot
+    before = snapshot(hot)
+    archive = tmp_path / "archive.db"
+    _killed_at(f"deleting-chunk:{nth}", "archive", hot, archive)
+    assert BIG in session_ids(hot)
+    both = len(message_ids(hot) & message_ids(archive))
+    assert both == 1000 if nth == 1 else both < 1000  # some of its messages gone already
+    result = archive_sessions(str(hot), str(archive), criterion(older_than="90d"))
+    assert "finished" in result.moved.resumed
+    union_equals(before, hot, archive)
+    assert session_ids(archive) == MOVED_BY_AGE | {BIG}
+    _check(hot)
+    _check(archive)
+
+
+@pytest.mark.parametrize("nth", [1, 3])
+def test_a_chunked_restore_killed_midway_then_resumed(
+    big_hot: Path, tmp_path: Path, nth: int
+) -> None:
+    hot = big_hot
+    before = snapshot(hot)
+    archive = tmp_path / "archive.db"
+    archive_sessions(str(hot), str(archive), criterion(older_than="90d"))
+    _killed_at(f"copying-chunk:{nth}", "restore", hot, archive, BIG)
+    assert (BIG in session_ids(hot)) == (nth > 1)  # half copied, the archive whole
+    result = restore_session(BIG, str(hot), str(archive))
+    assert ("finished" if nth > 1 else "forgot") in result.moved.resumed
+    union_equals(before, hot, archive)
+    assert BIG in session_ids(hot)
+    assert BIG not in session_ids(archive)
+    _check(hot)
+    _check(archive)
+
+
+def test_a_chunked_archive_the_agent_writes_to_midway_is_taken_back(
+    big_hot: Path, tmp_path: Path
+) -> None:
+    """The agent appends to the big session between two chunks of its delete: the
+    messages already deleted come back from the archive's copy, the copy is taken back,
+    and the hot store holds the whole session and the agent's message."""
+    hot = big_hot
+    archive = tmp_path / "archive.db"
+    appended: list[int] = []
+
+    def agent_at(step: str) -> None:
+        if step == "chunk-committed" and not appended:
+            with Store.open(str(hot)) as store:
+                appended.extend(store.append_messages(BIG, [NewMessage(role="user", content="x")]))
+
+    before = snapshot(hot)
+    move.STEP_HOOK = agent_at
+    try:
+        result = archive_sessions(str(hot), str(archive), criterion(older_than="90d"))
+    finally:
+        move.STEP_HOOK = None
+    assert appended
+    assert result.moved.changed == 1
+    assert BIG in session_ids(hot)
+    assert BIG not in session_ids(archive)
+    big_before = {row for row in before["messages"] if row[1] == BIG}
+    big_now = set(rows_of(hot, f"SELECT * FROM messages WHERE session_id = '{BIG}'"))
+    assert big_before <= big_now
+    assert len(big_now) == len(big_before) + 1
+    assert not message_ids(hot) & message_ids(archive)
+    assert session_ids(archive) == MOVED_BY_AGE
     _check(hot)
     _check(archive)

@@ -65,7 +65,8 @@ _OTHER_TABLES = tuple(name for name in OWNED_TABLES if name != "messages")
 
 #: Called with the name of each step a batch reaches (``marked``, ``copying`` inside the
 #: copy's transaction, ``copied``, ``verified``, ``deleting-chunk`` inside each chunk of a
-#: large batch's delete, ``deleting`` inside the (last) delete's
+#: large batch's delete and ``chunk-committed`` after it, ``copying-chunk`` inside each
+#: chunk of a large batch's copy, ``deleting`` inside the (last) delete's
 #: transaction, ``deleted``, ``done``): the kill tests stop the process there.
 STEP_HOOK: Callable[[str], None] | None = None
 
@@ -466,6 +467,7 @@ class Mover:
                 self._chunk_write(self.src, step)
                 remaining = remaining[len(chunk) :]
                 deleted_messages += len(chunk)
+                reached("chunk-committed")
 
             def last(conn: Connection, left: list[int] = remaining) -> dict[str, int]:
                 _check_rest(conn, ids, copied, len(left))
