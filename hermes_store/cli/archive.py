@@ -8,7 +8,7 @@ import click
 
 from hermes_store.cli.common import db_option, json_option, operator_errors
 from hermes_store.cli.output import emit_json, say
-from hermes_store.cli.progress import archive_bar
+from hermes_store.cli.progress import archive_bar, interrupted
 from hermes_store.maintenance import human_bytes
 
 
@@ -104,7 +104,7 @@ def archive(
     """
     from hermes_store.archive import archive_sessions, criterion
 
-    with operator_errors(), archive_bar(not as_json) as draw:
+    with interrupted(), operator_errors(), archive_bar(not as_json) as draw:
         rule = criterion(before=before, older_than=older_than, archived=archived)
         result = archive_sessions(
             db, to, rule, dry_run=dry_run, batch_messages=batch_messages, progress=draw
@@ -135,7 +135,7 @@ def restore(db: str | None, session_id: str, from_: str, dry_run: bool, as_json:
     """
     from hermes_store.archive import restore_session
 
-    with operator_errors():
+    with interrupted(), operator_errors():
         result = restore_session(session_id, db, from_, dry_run=dry_run)
     if as_json:
         emit_json(result.as_dict())
