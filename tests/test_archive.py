@@ -412,3 +412,31 @@ def test_an_agent_writing_during_the_archive_loses_nothing(hot: Path, tmp_path: 
     assert not session_ids(hot) & session_ids(archive)
     _check(hot)
     _check(archive)
+
+
+def test_a_hot_store_not_at_head_is_refused(tmp_path: Path) -> None:
+    from legacy.build import build_legacy_store
+
+    hot = tmp_path / "legacy.db"
+    build_legacy_store(hot, 21)
+    archive = tmp_path / "archive.db"
+    said = _refused(hot, "archive", "--db", hot, "--to", archive, "--older-than", "90d")
+    assert f"hermes-store upgrade --db {hot}" in said or "hermes-store upgrade --db" in said
+    assert not archive.exists()
+
+
+def test_an_archive_that_cannot_be_a_store_is_refused(hot: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    said = _refused(hot, "archive", "--db", hot, "--to", folder, "--older-than", "90d")
+    assert "directory" in said
+    said = _refused(
+        hot, "archive", "--db", hot, "--to", tmp_path / "nowhere" / "a.db", "--older-than", "90d"
+    )
+    assert "does not exist" in said
+    assert not (tmp_path / "nowhere").exists()
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database, " * 100)
+    said = _refused(hot, "archive", "--db", hot, "--to", text, "--older-than", "90d")
+    assert text.read_text() == "not a database, " * 100
+    assert "is not a SQLite store" in said

@@ -23,7 +23,7 @@ from hermes_store.copy.marker import source_name
 from hermes_store.copy.source import same_store
 from hermes_store.copy.tables import revisions
 from hermes_store.engine import create_store_engine, db_path, display_url, resolve_url, to_url
-from hermes_store.errors import ArchiveRefused, StoreNotFound
+from hermes_store.errors import ArchiveRefused, NotADatabase, StoreError, StoreNotFound
 from hermes_store.revisions import head_revision, script_directory
 from hermes_store.sqlite.engine import side_files
 
@@ -105,6 +105,16 @@ def _check_revision(conn: Connection, url: str, option: str) -> None:
 def _open_side(url: str, option: str, *, create: bool, missing_ok: bool = False) -> Side | None:
     backend = backend_for(url)
     created = False
+    path = db_path(url)
+    if path is not None and path.is_file() and path.stat().st_size:
+        try:
+            migrate.inspect_file(path)  # read-only: what the file is
+        except NotADatabase:
+            raise ArchiveRefused(
+                f"{option} {path} is not a SQLite store; name another file. Nothing was changed"
+            ) from None
+        except StoreError:
+            pass  # a legacy or newer store: refused below by its revision
     try:
         probe = create_store_engine(url, create=False)
     except StoreNotFound:
@@ -128,7 +138,6 @@ def _open_side(url: str, option: str, *, create: bool, missing_ok: bool = False)
     else:
         empty = True
     if empty and create:
-        path = db_path(url)
         if path is not None and not path.parent.is_dir():
             raise ArchiveRefused(
                 f"{option} {path}: directory {path.parent} does not exist; create it first. "
