@@ -49,8 +49,12 @@ class Side:
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Connection]:
-        with self.reader.connect() as conn, conn.begin():
-            yield conn
+        """One read transaction, every statement in it reading the same snapshot (a
+        batch's tables are read together)."""
+        with self.reader.connect() as conn:
+            conn = self.backend.copy_snapshot(conn)
+            with conn.begin():
+                yield conn
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[Connection]:
