@@ -44,7 +44,7 @@ from hermes_store.archive.rows import (
 from hermes_store.archive.stores import Side
 from hermes_store.archive.verify import Sums, batch_sums, differences
 from hermes_store.copy.tables import copied_table
-from hermes_store.copy.tablesum import RowHasher, table_sum
+from hermes_store.copy.tablesum import RowHasher, TableChecksum, table_sum
 from hermes_store.copy.write import insert_rows
 from hermes_store.errors import ArchiveRefused
 
@@ -447,6 +447,15 @@ class Mover:
         hashes: list[str] = marker["hashes"]
         with self.dst.reading() as conn:
             expected = _message_digests(conn, ids)
+        whole = TableChecksum(copied_table("messages"))
+        for digest in expected.values():
+            whole.add_digest(digest)
+        if (whole.rows, whole.hexdigest()) != copied["messages"]:
+            raise ArchiveRefused(
+                f"{self.dst.shown} no longer holds the copy of the batch of sessions "
+                f"{ids[0]!r}.. it verified (its messages changed); nothing was changed, both "
+                "stores keep the batch's marker. Run `hermes-store check` on both"
+            )
         with self.src.reading() as conn:
             remaining = sorted(_message_digests(conn, ids))
         deleted_messages = 0
