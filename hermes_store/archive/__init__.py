@@ -5,13 +5,14 @@ back, losing nothing.
 qualifies (``select``: whole trees, ended, older than the cutoff or flagged archived, not
 in use) into the archive, an ordinary store at head (created when missing);
 `restore_session(session_id, hot, from_)` brings one tree back. Both move in batches of
-whole trees (``move``): copy into the other store with a marker, verify by checksums of
-the batch's rows on both sides (``verify``), delete from the first store in one short
-write transaction, pause. The marker (``marker``) in each store records the batch in
-flight, so that after a kill at any instant the next run finishes or takes back that
-batch: every session ends in exactly one store. Which rows belong to a session, and which
-are shared, is ``rows``; opening and checking the two stores, ``stores``; one run's order
-of steps, ``run``.
+whole trees (``move``): copied into the other store and verified there by checksums of
+the batch's rows (``verify``), checked again in the first store under its write lock, then
+deleted from it in one short transaction (or, for a large batch in the hot store, in
+chunks of messages), with pauses. The marker (``marker``) in each store records the batch
+in flight, so that after a kill at any instant the next run finishes or takes back that
+batch (``resume``): every session ends in exactly one store. Which rows belong to a
+session, and which are shared, is ``rows``; opening and checking the two stores,
+``stores``; one run's order of steps, ``run``.
 """
 
 from hermes_store.archive.move import Moved

@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 from sqlalchemy.exc import IntegrityError
 
-from hermes_store.archive.marker import clear_marker, put_marker, read_marker
+from hermes_store.archive.marker import clear_marker, put_marker
 from hermes_store.archive.rows import (
     OWNED_TABLES,
     BatchRows,
@@ -48,7 +48,7 @@ from hermes_store.copy.tablesum import RowHasher, TableChecksum, table_sum
 from hermes_store.copy.write import insert_rows
 from hermes_store.errors import ArchiveRefused
 
-__all__ = ["CHUNK_MESSAGES", "STEP_HOOK", "Moved", "Mover", "finish_in_flight", "reached"]
+__all__ = ["CHUNK_MESSAGES", "STEP_HOOK", "Moved", "Mover", "held_sessions", "reached"]
 
 #: A batch holding more messages than this enters or leaves the hot store in chunks of
 #: messages, each its own transaction; a chunk starts at FIRST_CHUNK messages and is sized
@@ -183,7 +183,8 @@ def _check_copied(conn: Connection, rows: Sequence[Any]) -> None:
         raise _CopyDiffers(["messages"])
 
 
-def _held(conn: Connection, ids: Sequence[str]) -> int:
+def held_sessions(conn: Connection, ids: Sequence[str]) -> int:
+    """How many of the sessions ``ids`` the store of ``conn`` holds."""
     sessions = copied_table("sessions")
     return int(
         conn.scalar(
@@ -211,7 +212,7 @@ class Mover:
         """One chunk's write transaction, the next chunk sized by how long it held the
         lock, then the pause."""
         self.last_lock_s = 0.0
-        result = self._write(side, work)
+        result = self.write(side, work)
         if self.last_lock_s > LOCK_TARGET_S:
             self.chunk = max(10, self.chunk // 2)
         elif self.last_lock_s < LOCK_TARGET_S / 4:
@@ -225,7 +226,7 @@ class Mover:
             self.last_lock_s = max(self.last_lock_s, held)
             self.moved.longest_lock_s = max(self.moved.longest_lock_s, held)
 
-    def _write(self, side: Side, work: Callable[[Connection], Any]) -> Any:
+    def write(self, side: Side, work: Callable[[Connection], Any]) -> Any:
         """One write transaction on ``side``; on the hot store, how long it held the write
         lock (from the BEGIN that took it to the COMMIT) is kept."""
         with side.writer.connect() as conn:
@@ -265,7 +266,7 @@ class Mover:
         }
         if self.dst is self.hot and rows.count("messages") > CHUNK_MESSAGES:
             return self._copy_in_chunks(rows, marker, high)
-        self._write(self.src, lambda conn: put_marker(conn, marker))
+        self.write(self.src, lambda conn: put_marker(conn, marker))
         reached("marked")
 
         def copy(conn: Connection) -> None:
@@ -279,9 +280,9 @@ class Mover:
             reached("copying")
 
         try:
-            self._write(self.dst, copy)
+            self.write(self.dst, copy)
         except (IntegrityError, _CopyDiffers) as exc:
-            self._write(self.src, lambda conn: clear_marker(conn, token))
+            self.write(self.src, lambda conn: clear_marker(conn, token))
             if isinstance(exc, _CopyDiffers):
                 reason = f"read back, {', '.join(exc.args[0])} differed"
             else:
@@ -313,7 +314,7 @@ class Mover:
                 f"{self.dst.option} {self.dst.shown} already holds {taken} message ids of the "
                 f"batch of sessions {rows.ids[0]!r}..; nothing was changed"
             )
-        self._write(self.src, lambda conn: put_marker(conn, marker))
+        self.write(self.src, lambda conn: put_marker(conn, marker))
         reached("marked")
         first = BatchRows(
             rows.ids,
@@ -339,7 +340,7 @@ class Mover:
         try:
             self._chunk_write(self.dst, begin)
         except (IntegrityError, _CopyDiffers):
-            self._write(self.src, lambda conn: clear_marker(conn, marker["batch"]))
+            self.write(self.src, lambda conn: clear_marker(conn, marker["batch"]))
             raise ArchiveRefused(
                 f"{self.dst.option} {self.dst.shown} refused the batch of sessions "
                 f"{rows.ids[0]!r}.. (its rows read back different, or a key or title is "
@@ -420,12 +421,12 @@ class Mover:
             return deleted
 
         try:
-            deleted = self._write(self.src, delete)
+            deleted = self.write(self.src, delete)
         except _Changed:
             self._take_back(marker, copied)
             return False
         reached("deleted")
-        self._write(self.dst, lambda conn: clear_marker(conn, token))
+        self.write(self.dst, lambda conn: clear_marker(conn, token))
         reached("done")
         if size == 0:
             with self.dst.reading() as conn:
@@ -491,14 +492,14 @@ class Mover:
                 reached("deleting")
                 return deleted
 
-            deleted = self._write(self.src, last)
+            deleted = self.write(self.src, last)
         except _Changed:
             self._give_back_messages(ids, expected)
             self._take_back(marker, copied)
             return False
         deleted["messages"] = deleted_messages + len(remaining)
         reached("deleted")
-        self._write(self.dst, lambda conn: clear_marker(conn, token))
+        self.write(self.dst, lambda conn: clear_marker(conn, token))
         reached("done")
         if size == 0:
             with self.dst.reading() as conn:
@@ -552,68 +553,6 @@ class Mover:
             delete_rows(conn, ids, hashes)
             clear_marker(conn, token)
 
-        self._write(self.dst, remove)
-        self._write(self.src, lambda conn: clear_marker(conn, token))
+        self.write(self.dst, remove)
+        self.write(self.src, lambda conn: clear_marker(conn, token))
         self.moved.changed += 1
-
-
-def finish_in_flight(first: Side, second: Side, hot: Side, moved: Moved) -> None:
-    """Finish the batch a killed run left between these two stores, whichever way it was
-    going; refuse one that involves another store."""
-    with first.reading() as conn:
-        mine = read_marker(conn)
-    with second.reading() as conn:
-        theirs = read_marker(conn)
-    if mine is None and theirs is None:
-        return
-    sides = {first.name: first, second.name: second}
-    for side, found in ((first, mine), (second, theirs)):
-        if found is not None and (found.get("from") not in sides or found.get("to") not in sides):
-            raise ArchiveRefused(
-                f"{side.shown} holds a batch in flight from {found.get('from')} to "
-                f"{found.get('to')}: finish it first by running the command that started it "
-                "again (an archive or restore between those two stores). Nothing was changed"
-            )
-    if mine is not None and theirs is not None and mine.get("batch") != theirs.get("batch"):
-        raise ArchiveRefused(
-            f"{first.shown} and {second.shown} record different batches in flight "
-            f"({mine.get('batch')}, {theirs.get('batch')}); nothing was changed. Run "
-            "`hermes-store check` on both and report this"
-        )
-    marker = mine if mine is not None else theirs
-    assert marker is not None
-    src, dst = sides[marker["from"]], sides[marker["to"]]
-    at_src = mine if src is first else theirs
-    at_dst = theirs if src is first else mine
-    ids, token = marker["sessions"], marker["batch"]
-    mover = Mover(src, dst, hot, moved)
-    if at_src is not None and at_dst is not None:
-        if at_dst.get("copying"):
-            mover.resume_copy(at_dst)
-            at_dst = {key: value for key, value in at_dst.items() if key != "copying"}
-        done = mover.finish({**at_dst, "deleting": bool(at_src.get("deleting"))})
-        moved.resumed = (
-            f"finished the batch of {len(ids)} sessions a stopped run had copied to {dst.shown}"
-            if done
-            else f"took back the batch of {len(ids)} sessions a stopped run had copied to "
-            f"{dst.shown} (they changed since)"
-        )
-        return
-    if at_src is not None:  # the copy never committed
-        with dst.reading() as conn:
-            if _held(conn, ids):
-                raise ArchiveRefused(
-                    f"{dst.shown} holds sessions of a batch {src.shown} records as not copied "
-                    f"(first {ids[0]!r}); nothing was changed. Run `hermes-store check` on both"
-                )
-        mover._write(src, lambda conn: clear_marker(conn, token))
-        moved.resumed = f"forgot a batch of {len(ids)} sessions a stopped run had not copied yet"
-        return
-    with src.reading() as conn:  # the delete committed
-        if _held(conn, ids):
-            raise ArchiveRefused(
-                f"{src.shown} still holds sessions of a batch {dst.shown} records as moved "
-                f"(first {ids[0]!r}); nothing was changed. Run `hermes-store check` on both"
-            )
-    mover._write(dst, lambda conn: clear_marker(conn, token))
-    moved.resumed = f"cleared the marker of a batch of {len(ids)} sessions a stopped run had moved"

@@ -15,8 +15,8 @@ from hermes_store.archive.move import (
     PAUSE_SHARE,
     Moved,
     Mover,
-    finish_in_flight,
 )
+from hermes_store.archive.resume import finish_in_flight
 from hermes_store.archive.rows import read_batch
 from hermes_store.archive.select import (
     Criterion,
