@@ -440,3 +440,19 @@ def test_an_archive_that_cannot_be_a_store_is_refused(hot: Path, tmp_path: Path)
     said = _refused(hot, "archive", "--db", hot, "--to", text, "--older-than", "90d")
     assert text.read_text() == "not a database, " * 100
     assert "is not a SQLite store" in said
+
+
+def test_a_title_the_archive_holds_keeps_the_tree_in_the_hot_store(
+    hot: Path, tmp_path: Path
+) -> None:
+    archive = tmp_path / "archive.db"
+    archive_sessions(str(hot), str(archive), criterion(older_than="90d"))
+    with Store.open(str(hot)) as store:  # the title is free in the hot store again
+        store.create_session("r9", "cli", started_at=OLD, title="old root")
+        store.append_messages("r9", [NewMessage(role="user", content="again", timestamp=OLD)])
+        store.end_session("r9", "done", ended_at=OLD + 1)
+    done = _cli("archive", "--db", hot, "--to", archive, "--older-than", "90d")
+    assert done.exit_code == 0, done.output
+    assert "kept 1 trees: the other store already has a session with the same title" in done.output
+    assert "r9" in session_ids(hot)
+    assert "r9" not in session_ids(archive)
