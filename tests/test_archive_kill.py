@@ -250,3 +250,67 @@ def test_a_chunked_archive_the_agent_writes_to_midway_is_taken_back(
     assert session_ids(archive) == MOVED_BY_AGE
     _check(hot)
     _check(archive)
+
+
+_WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    from hermes_store.errors import SessionNotFound
+    from hermes_store.store import NewMessage, Store
+
+    hot, log, stop, old = sys.argv[1:5]
+    with Store.open(hot) as store, open(log, "a") as out:
+        store.create_session("live", "cli")
+        n = 0
+        while not os.path.exists(stop):
+            target = old if n % 5 == 0 else "live"
+            try:
+                (mid,) = store.append_messages(target, [NewMessage(role="user", content=f"w{n}")])
+            except SessionNotFound:
+                pass  # archived meanwhile
+            else:
+                out.write(f"{mid} w{n}\\n")
+                out.flush()
+            n += 1
+            time.sleep(0.005)
+    """
+)
+
+
+@pytest.mark.parametrize("step", ["deleting-chunk:2", "copied", "deleting"])
+def test_killed_while_the_agent_writes_then_resumed(
+    big_hot: Path, tmp_path: Path, step: str
+) -> None:
+    """An agent process appends all along (to a live session, and to one the run chose);
+    the archive is killed at a step, then run again: every message the agent was told was
+    stored is in exactly one store, unchanged."""
+    hot = big_hot
+    archive = tmp_path / "archive.db"
+    log, stop = tmp_path / "written.log", tmp_path / "stop"
+    before = {row[0]: row for row in rows_of(hot, "SELECT * FROM messages")}
+    agent = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(hot), str(log), str(stop), "d1"],
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        _killed_at(step, "archive", hot, archive)
+        archive_sessions(str(hot), str(archive), criterion(older_than="90d"))
+    finally:
+        stop.touch()
+        agent.wait(timeout=60)
+    assert agent.returncode == 0
+    written = dict(line.split(" ", 1) for line in log.read_text().splitlines())
+    assert written
+    texts = dict(rows_of(hot, "SELECT id, content FROM messages"))
+    texts.update(rows_of(archive, "SELECT id, content FROM messages"))
+    for mid, text in written.items():
+        assert texts[int(mid)] == text
+    rows = {row[0]: row for row in rows_of(hot, "SELECT * FROM messages")}
+    rows.update({row[0]: row for row in rows_of(archive, "SELECT * FROM messages")})
+    for mid, row in before.items():
+        assert rows[mid] == row
+    assert not message_ids(hot) & message_ids(archive)
+    assert not session_ids(hot) & session_ids(archive)
+    assert BIG in session_ids(archive)
+    _check(hot)
+    _check(archive)
