@@ -65,7 +65,10 @@ def _print(result: Any) -> None:
 )
 @click.option("--before", metavar="DATE", help="Sessions last active before DATE (ISO, UTC).")
 @click.option(
-    "--older-than", "older_than", metavar="AGE", help="Sessions last active AGE ago: 90d, 12h, 2w."
+    "--older-than",
+    "older_than",
+    metavar="AGE",
+    help="Sessions last active more than AGE ago: 90d, 12h, 2w.",
 )
 @click.option("--archived", is_flag=True, help="Sessions the application flagged archived.")
 @click.option("--dry-run", is_flag=True, help="Say what would move; change nothing.")
@@ -93,8 +96,9 @@ def archive(
     activity (its newest message, ended_at, last_activity_at). Linked sessions (parents,
     continuations, subagents, delegations) move together, and only when each qualifies;
     a session not ended never moves. Each batch is copied, verified by checksums on both
-    sides, then deleted from the hot store in one short transaction; after a kill or a
-    full disk, the same command finishes the batch in flight. The freed pages are given
+    sides, then deleted from the hot store in one short transaction (a long conversation
+    in short chunks); after a kill or a full disk, the same command finishes the batch in
+    flight. The freed pages are given
     back in steps. Nothing to move exits 0 and says so.
 
     \b
