@@ -7,13 +7,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from archive_support import MOVED_BY_AGE, build_hot
 from click.testing import CliRunner
-from sqlalchemy import select
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
 
 from hermes_store.archive import archive_sessions, criterion, restore_session
 from hermes_store.archive.rows import OWNED_TABLES
@@ -126,3 +128,32 @@ def test_killed_across_databases_then_resumed(stores: tuple[str, str], step: str
     assert _ids(archive) == MOVED_BY_AGE
     _check(hot)
     _check(archive)
+
+
+@pytest.fixture
+def second_pg(pg_url: str) -> Iterator[str]:
+    """Another empty database on the same server, dropped after the test."""
+    url = make_url(pg_url)
+    name = f"{url.database}_archive"
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_postgresql_to_postgresql(tmp_path: Path, pg_url: str, second_pg: str) -> None:
+    copy_store(str(build_hot(tmp_path / "template.db")), pg_url)
+    before = _snapshot(pg_url)
+    archive_sessions(pg_url, second_pg, criterion(older_than="90d"))
+    assert _ids(second_pg) == MOVED_BY_AGE
+    _exactly_once(before, pg_url, second_pg)
+    _check(second_pg)
+    restore_session("d2", pg_url, second_pg)
+    assert _ids(second_pg) == MOVED_BY_AGE - {"d1", "d2"}
+    _exactly_once(before, pg_url, second_pg)
