@@ -123,3 +123,8 @@ class CopyRefused(StoreError):
 class Interrupted(KeyboardInterrupt):
     """Work stopped by Ctrl-C; the message says what was kept, what is left and what
     command finishes it. Still a KeyboardInterrupt, so callers that stop on one still do."""
+
+
+class ArchiveRefused(StoreError):
+    """An archive or restore was refused; both stores were left as they were (or as the
+    last finished batch left them, every session in exactly one of them)."""

@@ -102,6 +102,16 @@ COMMANDS: dict[str, Entry] = {
         "search",
         "Search messages the way the agent's session_search does.",
     ),
+    "archive": Entry(
+        "archive",
+        "archive",
+        "Move old session trees out of the hot store into an archive store.",
+    ),
+    "restore": Entry(
+        "archive",
+        "restore",
+        "Bring a session, with its whole tree, back from an archive into the hot store.",
+    ),
     "copy": Entry(
         "copy",
         "copy_command",

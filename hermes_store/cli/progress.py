@@ -182,3 +182,24 @@ def copy_bar(show: bool) -> Iterator[Callable[[Any], None]]:
             bar.update(tasks[step], description=description, completed=progress.rows, total=total)
 
         yield draw
+
+
+@contextlib.contextmanager
+def archive_bar(show: bool) -> Iterator[Callable[[Any, int], None]]:
+    """Sessions moved so far, out of those chosen, on stderr (a terminal only)."""
+    if not (show and interactive()):
+        yield lambda moved, total: None
+        return
+    columns = (
+        TextColumn("moving sessions"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task("moving", total=None)
+
+        def draw(moved: Any, total: int) -> None:
+            bar.update(task, completed=moved.sessions, total=total or None)
+
+        yield draw

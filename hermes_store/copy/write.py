@@ -43,7 +43,7 @@ from hermes_store.errors import CopyRefused
 if TYPE_CHECKING:
     from hermes_store.copy.run import Run
 
-__all__ = ["KEYS_PER_STATEMENT", "Writer"]
+__all__ = ["KEYS_PER_STATEMENT", "Writer", "insert_rows"]
 
 #: Keys per IN (...) when rows are fixed up, cleared or deleted by key.
 KEYS_PER_STATEMENT = 500
@@ -191,7 +191,7 @@ class Writer:
             _update(self.dst, table, old)
             self.updated[table.name] = self.updated.get(table.name, 0) + len(old)
         if new:
-            _insert(self.dst, table, new)
+            insert_rows(self.dst, table, new)
         self.upserted[table.name] = self.upserted.get(table.name, 0) + len(rows)
 
     def _delete(self, diff: TableDiff) -> None:
@@ -282,8 +282,8 @@ def _update(target: Connection, table: Table, rows: Sequence[Row[Any]]) -> None:
     target.execute(statement, values)
 
 
-def _insert(target: Connection, table: Table, rows: Sequence[Row[Any]]) -> None:
-    """Insert ``rows`` as they are (ids kept)."""
+def insert_rows(target: Connection, table: Table, rows: Sequence[Row[Any]]) -> None:
+    """Insert ``rows`` as they are (ids kept; a NULL display order stays NULL)."""
     values = [dict(row._mapping) for row in rows]
     target.execute(table.insert(), values)
     if table.name == "messages":
