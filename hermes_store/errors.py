@@ -111,11 +111,6 @@ class UnknownRevision(StoreError):
     """A revision name this package does not have (`hermes-store history` lists them)."""
 
 
-class ArchiveRefused(StoreError):
-    """An archive given to a search cannot be searched with the hot store (missing, not a
-    store, unreachable, or not at head)."""
-
-
 class CopyRefused(StoreError):
     """The copy was refused; the target was left as it was (or as its last committed batch)."""
 
@@ -126,5 +121,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class ArchiveRefused(StoreError):
-    """An archive or restore was refused; both stores were left as they were (or as the
-    last finished batch left them, every session in exactly one of them)."""
+    """An archive, a restore or a search with archives was refused: the archive is missing,
+    not a store, unreachable, not at head, or the hot store itself. Both stores were left
+    as they were (or as the last finished batch left them, every session in exactly one
+    of them)."""
