@@ -11,17 +11,18 @@ exactly those expressions, so the planner can use those indexes.
   documents (``phraseto_tsquery('simple', hermes_search_lexemes(:text))``, ``to_tsquery``
   with ``:*`` for prefixes), joined with ``&&``, ``||``, ``!!`` and ``<->`` / ``<N>``.
 - Trigram path (CJK, 3+ characters a token): each token a case-insensitive substring test
-  (``ILIKE``, served by the trigram index), joined as FTS5 joins them.
+  (``ILIKE``, served by the trigram index; ``LIKE`` for a token without case), joined as
+  FTS5 joins them.
 - LIKE scan (1-2 CJK characters): the contract's per-column LIKE, with SQLite's
   ASCII-only case folding, without the visibility filter (the legacy quirk).
 
 The word and trigram paths find their matches first, alone (a materialised CTE), with the
 planner held to a bitmap scan of the search index (_BY_INDEX): it takes the index
 expression for cheap and would rather re-tokenise every row. Rank is ``ts_rank_cd`` (word
-path) or pg_trgm's ``similarity`` (trigram path), higher first, not FTS5's BM25; ties go
-to the lower id. Only the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES are
-ranked; older ones follow them, newest first. Snippets are FTS5's own, made by the
-sqlite3 module's FTS5 over the indexed text of the page's hits in memory
+path) or the share of the text its tokens cover (trigram path, _coverage), higher first,
+not FTS5's BM25; ties go to the lower id. Only the newest matches within RANK_WINDOW and
+RANK_WINDOW_BYTES are ranked; older ones follow them, newest first. Snippets are FTS5's
+own, made by the sqlite3 module's FTS5 over the indexed text of the page's hits in memory
 (:mod:`hermes_store.search.fts5_snippets`), by SQLite's rules for huge messages; where the
 running sqlite3 has no FTS5 (or no trigram tokenizer), by the pure-Python reproduction
 (:mod:`hermes_store.search.snippet`), bounded past SNIPPET_EXACT_BYTES or EXACT_INSTANCES.
@@ -44,12 +45,14 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     func,
     literal,
     not_,
     null,
     or_,
     select,
+    type_coerce,
 )
 from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY, TSVECTOR
 from sqlalchemy.engine import Connection, Engine
@@ -81,6 +84,7 @@ from hermes_store.search.query import (
     Phrase,
     QuerySyntaxError,
     Route,
+    contains_cjk,
     escape_like,
     highlight_of,
     not_understood,
@@ -225,13 +229,28 @@ def _like_pattern(text: str) -> str:
     return f"%{escape_like(to_server_text(text))}%"
 
 
+def caseless(token: str) -> bool:
+    """Whether ILIKE finds exactly what LIKE finds for ``token``: every character is CJK
+    (no case in those scripts) or ASCII but no letter, so no character folds to one of the
+    token's, in any locale."""
+    return all(contains_cjk(char) or (char.isascii() and not char.isalpha()) for char in token)
+
+
 def trigram_condition(node: Node, binds: Binds) -> ColumnElement[bool]:
-    """A simplified trigram query tree as ILIKE tests over the indexed text."""
+    """A simplified trigram query tree as ILIKE tests over the indexed text (LIKE for a
+    caseless token: the same rows, without lower-casing each candidate's whole text)."""
     if isinstance(node, Phrase):  # one quoted token: a substring of 3+ characters
-        pattern = binds(_like_pattern(node.tokens[0][0]))
+        token = node.tokens[0][0]
+        pattern = binds(_like_pattern(token))
+        document = _document()
+        if caseless(token):
+            found, before_nul = document.like(pattern), _before_nul(document).like(pattern)
+        else:
+            found, before_nul = document.ilike(pattern), _before_nul(document).ilike(pattern)
         # The trigram index serves the first test; the second is FTS5's trigram tokenizer,
-        # which stops at a text's first NUL (stored here as U+FFFE).
-        return and_(_document().ilike(pattern), _before_nul(_document()).ilike(pattern))
+        # which stops at a text's first NUL (stored here as U+FFFE), tested only in a text
+        # that holds one.
+        return and_(found, or_(func.strpos(document, SERVER_NUL) == 0, before_nul))
     if isinstance(node, And):
         return and_(*(trigram_condition(operand, binds) for operand in node.operands))
     if isinstance(node, Or):
@@ -437,13 +456,46 @@ def trigram_statement(
     filters, sort, page = options.filters, options.order, options.page
     binds = Binds()
     condition = trigram_condition(tree, binds)
-    terms = binds(to_server_text(" ".join(route.like_tokens)))
+    tokens = [(binds(to_server_text(token)), caseless(token)) for token in _found_tokens(tree)]
 
     def rank_of(document: ColumnElement[str]) -> ColumnElement[float]:
-        return func.similarity(document, terms, type_=Float)
+        return _coverage(document, tokens)
 
     statement, values = _ranked(condition, filters, sort, page, rank_of)
     return statement, {**_filter_values(filters), **binds.values, **values}
+
+
+def _found_tokens(node: Node) -> list[str]:
+    """The tokens of a trigram tree a hit can hold: all but those after a NOT, once each."""
+    if isinstance(node, Phrase):
+        return [node.tokens[0][0]]
+    if isinstance(node, Not):
+        return _found_tokens(node.positive)
+    if isinstance(node, (And, Or)):
+        found = [token for operand in node.operands for token in _found_tokens(operand)]
+        return list(dict.fromkeys(found))
+    raise TypeError(f"no trigram tokens for {type(node).__name__}")
+
+
+def _coverage(
+    document: ColumnElement[str], tokens: Sequence[tuple[ColumnElement[str], bool]]
+) -> ColumnElement[float]:
+    """The trigram path's rank: the share of the text's characters that are the query's
+    tokens (each token's occurrences times its length, over the text's length), so more
+    occurrences in a shorter text rank higher, as BM25 ranks them. One pass of replace()
+    per token (lower-cased for a token with case): pg_trgm's similarity() would build and
+    sort the trigrams of the whole text, ten times the cost."""
+    length = func.length(document, type_=Integer)
+    covered: ColumnElement[Any] | None = None
+    for token, without_case in tokens:
+        text, needle = (
+            (document, token) if without_case else (func.lower(document), func.lower(token))
+        )
+        part = length - func.length(func.replace(text, needle, ""), type_=Integer)
+        covered = part if covered is None else covered + part
+    assert covered is not None
+    share = cast(covered, Float) / cast(func.greatest(length, literal(1, Integer)), Float)
+    return type_coerce(share, Float(asdecimal=False))
 
 
 def like_statement(route: Route, options: SearchOptions) -> tuple[Any, dict[str, Any]]:
