@@ -291,9 +291,11 @@ def _like_condition(tokens: Sequence[str], binds: Binds) -> ColumnElement[bool]:
     """The LIKE scan's test: any token in content, tool_name or tool_calls, ASCII case
     folded as SQLite's LIKE folds it, each text read up to its first NUL as LIKE reads it.
 
-    A token without ASCII letters is a plain LIKE (nothing to fold); one with letters a
-    regular expression with each letter in both cases (ILIKE would fold every script, and
-    translate() to ASCII lower case costs 30 times as much).
+    A token without ASCII letters is a plain substring test (strpos: nothing to fold, and
+    faster than LIKE's matcher); one with letters a regular expression with each letter in
+    both cases (ILIKE would fold every script, and translate() to ASCII lower case costs 30
+    times as much). Each is tried on the whole text first, and up to its first NUL only
+    where it matched: no copy of the text (split_part) for the rows it does not match.
     """
     columns = (M.c.content, M.c.tool_name, M.c.tool_calls)
     conditions: list[ColumnElement[bool]] = []
@@ -303,10 +305,28 @@ def _like_condition(tokens: Sequence[str], binds: Binds) -> ColumnElement[bool]:
             tests = [func.strpos(_ascii_folded(column), needle) > 0 for column in columns]
         elif any(char.isascii() and char.isalpha() for char in token):
             regex = binds(ascii_caseless(to_server_text(token)))
-            tests = [_before_nul(column).op("~", return_type=Boolean)(regex) for column in columns]
-        else:
-            pattern = binds(_like_pattern(token))
-            tests = [_before_nul(column).like(pattern) for column in columns]
+            tests = [
+                and_(
+                    column.op("~", return_type=Boolean)(regex),
+                    or_(
+                        func.strpos(column, SERVER_NUL) == 0,
+                        _before_nul(column).op("~", return_type=Boolean)(regex),
+                    ),
+                )
+                for column in columns
+            ]
+        else:  # the token holds no NUL: its first instance is before the text's first NUL
+            needle = binds(to_server_text(token))
+            tests = [
+                and_(
+                    func.strpos(column, needle) > 0,
+                    or_(
+                        func.strpos(column, SERVER_NUL) == 0,
+                        func.strpos(column, needle) < func.strpos(column, SERVER_NUL),
+                    ),
+                )
+                for column in columns
+            ]
         conditions.append(or_(*tests))
     return or_(*conditions)
 
