@@ -16,10 +16,12 @@ exactly those expressions, so the planner can use those indexes.
 - LIKE scan (1-2 CJK characters): the contract's per-column LIKE, with SQLite's
   ASCII-only case folding, without the visibility filter (the legacy quirk).
 
+The trigram path's and the LIKE scan's tests are :mod:`hermes_store.postgresql.substrings`.
+
 The word and trigram paths find their matches first, alone (a materialised CTE), with the
 planner held to a bitmap scan of the search index (_BY_INDEX): it takes the index
 expression for cheap and would rather re-tokenise every row. Rank is ``ts_rank_cd`` (word
-path) or the share of the text its tokens cover (trigram path, _coverage), higher first,
+path) or the share of the text its tokens cover (trigram path, coverage), higher first,
 not FTS5's BM25; ties go to the lower id. Only the newest matches within RANK_WINDOW and
 RANK_WINDOW_BYTES are ranked; older ones follow them, newest first. Snippets are FTS5's
 own, made by the sqlite3 module's FTS5 over the indexed text of the page's hits in memory
@@ -45,21 +47,27 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
-    cast,
     func,
     literal,
-    not_,
     null,
-    or_,
     select,
-    type_coerce,
 )
 from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY, TSVECTOR
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from hermes_store.errors import SearchFailed
-from hermes_store.models import SERVER_ESCAPE, SERVER_NUL, from_server_text, to_server_text
+from hermes_store.models import SERVER_ESCAPE, from_server_text, to_server_text
+from hermes_store.postgresql.substrings import (
+    caseless,
+    coverage,
+    found_tokens,
+    like_condition,
+    like_pattern,
+    phrase_tokens,
+    shape,
+    trigram_condition,
+)
 from hermes_store.prepared import Connections
 from hermes_store.search.context import (
     CONTENT_JSON_PREFIX,
@@ -84,12 +92,9 @@ from hermes_store.search.query import (
     Phrase,
     QuerySyntaxError,
     Route,
-    contains_cjk,
-    escape_like,
     highlight_of,
     not_understood,
     parse_query,
-    reduced,
     route_query,
     simplify,
     word_tokens,
@@ -129,9 +134,6 @@ SNIPPET_EXACT_BYTES = 64 * 1024
 #: ``<N>`` distances, both orders); beyond, and for three phrases or more, as the AND of
 #: its phrases, a superset (see docs/search.md, "PostgreSQL").
 NEAR_EXACT_DISTANCE = 32
-
-_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_LOWER = "abcdefghijklmnopqrstuvwxyz"
 
 
 def _document(columns: Any = M.c) -> ColumnElement[str]:
@@ -224,113 +226,6 @@ def tsquery_of(node: Node, binds: Binds) -> ColumnElement[Any]:
     raise TypeError(f"no tsquery for {type(node).__name__}")
 
 
-def _like_pattern(text: str) -> str:
-    """A contains-pattern for ``text`` as stored on the server (NUL as U+FFFE)."""
-    return f"%{escape_like(to_server_text(text))}%"
-
-
-def caseless(token: str) -> bool:
-    """Whether ILIKE finds exactly what LIKE finds for ``token``: every character is CJK
-    (no case in those scripts) or ASCII but no letter, so no character folds to one of the
-    token's, in any locale."""
-    return all(contains_cjk(char) or (char.isascii() and not char.isalpha()) for char in token)
-
-
-def trigram_condition(node: Node, binds: Binds) -> ColumnElement[bool]:
-    """A simplified trigram query tree as ILIKE tests over the indexed text (LIKE for a
-    caseless token: the same rows, without lower-casing each candidate's whole text)."""
-    if isinstance(node, Phrase):  # one quoted token: a substring of 3+ characters
-        token = node.tokens[0][0]
-        pattern = binds(_like_pattern(token))
-        document = _document()
-        if caseless(token):
-            found, before_nul = document.like(pattern), _before_nul(document).like(pattern)
-        else:
-            found, before_nul = document.ilike(pattern), _before_nul(document).ilike(pattern)
-        # The trigram index serves the first test; the second is FTS5's trigram tokenizer,
-        # which stops at a text's first NUL (stored here as U+FFFE), tested only in a text
-        # that holds one.
-        return and_(found, or_(func.strpos(document, SERVER_NUL) == 0, before_nul))
-    if isinstance(node, And):
-        return and_(*(trigram_condition(operand, binds) for operand in node.operands))
-    if isinstance(node, Or):
-        return or_(*(trigram_condition(operand, binds) for operand in node.operands))
-    if isinstance(node, Not):
-        return and_(
-            trigram_condition(node.positive, binds), not_(trigram_condition(node.negative, binds))
-        )
-    raise TypeError(f"no trigram condition for {type(node).__name__}")
-
-
-def _before_nul(value: ColumnElement[Any]) -> ColumnElement[str]:
-    """``value`` up to its first NUL (U+FFFE on the server), where SQLite's LIKE and the
-    trigram tokenizer stop reading a text."""
-    return func.split_part(value, SERVER_NUL, 1, type_=String)
-
-
-def _ascii_folded(value: ColumnElement[Any]) -> ColumnElement[str]:
-    """``value`` with ASCII letters lower-cased and nothing else: SQLite LIKE's folding."""
-    return func.translate(value, _UPPER, _LOWER, type_=String)
-
-
-def ascii_caseless(token: str) -> str:
-    """A regular expression (ARE) finding ``token`` with ASCII letters in either case and
-    every other character as written: what SQLite's LIKE '%token%' finds."""
-    pieces = []
-    for char in token:
-        if char.isascii() and char.isalpha():
-            pieces.append(f"[{char.lower()}{char.upper()}]")
-        elif char.isalnum():
-            pieces.append(char)
-        else:  # a backslash before a character that is not a letter or digit: itself
-            pieces.append("\\" + char)
-    return "".join(pieces)
-
-
-def _like_condition(tokens: Sequence[str], binds: Binds) -> ColumnElement[bool]:
-    """The LIKE scan's test: any token in content, tool_name or tool_calls, ASCII case
-    folded as SQLite's LIKE folds it, each text read up to its first NUL as LIKE reads it.
-
-    A token without ASCII letters is a plain substring test (strpos: nothing to fold, and
-    faster than LIKE's matcher); one with letters a regular expression with each letter in
-    both cases (ILIKE would fold every script, and translate() to ASCII lower case costs 30
-    times as much). Each is tried on the whole text first, and up to its first NUL only
-    where it matched: no copy of the text (split_part) for the rows it does not match.
-    """
-    columns = (M.c.content, M.c.tool_name, M.c.tool_calls)
-    conditions: list[ColumnElement[bool]] = []
-    for token in reduced(tokens):
-        if "\x00" in token:  # compared whole, as on SQLite (stored NULs are U+FFFE here)
-            needle = _ascii_folded(binds(to_server_text(token)))
-            tests = [func.strpos(_ascii_folded(column), needle) > 0 for column in columns]
-        elif any(char.isascii() and char.isalpha() for char in token):
-            regex = binds(ascii_caseless(to_server_text(token)))
-            tests = [
-                and_(
-                    column.op("~", return_type=Boolean)(regex),
-                    or_(
-                        func.strpos(column, SERVER_NUL) == 0,
-                        _before_nul(column).op("~", return_type=Boolean)(regex),
-                    ),
-                )
-                for column in columns
-            ]
-        else:  # the token holds no NUL: its first instance is before the text's first NUL
-            needle = binds(to_server_text(token))
-            tests = [
-                and_(
-                    func.strpos(column, needle) > 0,
-                    or_(
-                        func.strpos(column, SERVER_NUL) == 0,
-                        func.strpos(column, needle) < func.strpos(column, SERVER_NUL),
-                    ),
-                )
-                for column in columns
-            ]
-        conditions.append(or_(*tests))
-    return or_(*conditions)
-
-
 # -- the statements ------------------------------------------------------------------------
 
 
@@ -390,21 +285,28 @@ def _matched(condition: ColumnElement[bool]) -> ColumnElement[bool]:
     return M.c.id.in_(select(matched.c.id))
 
 
+#: The column of the rows of a statement that reads the hits' indexed texts with them.
+DOCUMENT = "document"
+
+
 def _ranked(
     condition: ColumnElement[bool],
     filters: Filters,
     sort: str | None,
     page: tuple[int, int],
     rank_of: Rank,
+    *,
+    documents: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """The hits in the contract's order (rank higher first, then the lower id), one page.
 
     Rank needs each row's text tokenised again (nothing is stored): ordered by rank, the
     hits of the window pay it; ordered by time, only the rows of the page whose timestamp
     another match shares (the first limit + offset hits by time, ties included, are read;
-    then the page is cut).
+    then the page is cut). With ``documents``, each row also holds its indexed text
+    (``document``), for the snippets: no second statement to read them.
     """
-    limit, offset = page
+    limit = page[0]
     condition = _matched(condition)
     if sort not in ("newest", "oldest"):
         # Ranked: the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES (a sort of
@@ -427,8 +329,10 @@ def _ranked(
         outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
             windowed.desc().nulls_last(), case((in_window, hits.c.id), else_=-hits.c.id)
         )
-        outer, values = _paged(outer, page)
-        return outer, {**values, "rank_window": RANK_WINDOW, "rank_bytes": RANK_WINDOW_BYTES}
+        if documents:
+            outer = outer.add_columns(_document(hits.c).label(DOCUMENT))
+        outer, _ = _paged(outer, page)
+        return outer, _ranked_values(sort, page)
     by_time = M.c.timestamp.desc() if sort == "newest" else M.c.timestamp.asc()
     statement = _select(condition, filters, visibility=True).add_columns(
         M.c.content,
@@ -436,20 +340,31 @@ def _ranked(
         M.c.tool_calls,
         func.count().over(partition_by=M.c.timestamp).label("ties"),
     )
-    window: dict[str, Any] = {}
     if limit >= 0:
         statement = statement.order_by(by_time).fetch(
             bindparam("window", type_=Integer), with_ties=True
         )
-        window["window"] = limit + max(offset, 0)
     hits = statement.subquery("hits")
     rank = case((hits.c.ties > 1, rank_of(_document(hits.c))), else_=null())
     in_time = hits.c.timestamp.desc() if sort == "newest" else hits.c.timestamp.asc()
     outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
         in_time, rank.desc(), hits.c.id
     )
-    outer, values = _paged(outer, page)
-    return outer, {**values, **window}
+    if documents:
+        outer = outer.add_columns(_document(hits.c).label(DOCUMENT))
+    outer, _ = _paged(outer, page)
+    return outer, _ranked_values(sort, page)
+
+
+def _ranked_values(sort: str | None, page: tuple[int, int]) -> dict[str, Any]:
+    """The parameters of _ranked's statement that are not the query's or the filters'."""
+    limit, offset = page
+    _, values = _paged(select(), page)
+    if sort not in ("newest", "oldest"):
+        return {**values, "rank_window": RANK_WINDOW, "rank_bytes": RANK_WINDOW_BYTES}
+    if limit >= 0:
+        values["window"] = limit + max(offset, 0)
+    return values
 
 
 def word_statement(tree: Node, options: SearchOptions) -> tuple[Any, dict[str, Any]]:
@@ -472,50 +387,44 @@ def word_statement(tree: Node, options: SearchOptions) -> tuple[Any, dict[str, A
 def trigram_statement(
     tree: Node, route: Route, options: SearchOptions
 ) -> tuple[Any, dict[str, Any]]:
-    """The trigram path's statement for a simplified tree, and its parameters."""
+    """The trigram path's statement for a simplified tree, and its parameters.
+
+    Statements are kept by shape (_TRIGRAM_STATEMENTS): building one costs more than a
+    small search on SQLite does, and queries of one shape differ in values only.
+    """
     filters, sort, page = options.filters, options.order, options.page
-    binds = Binds()
-    condition = trigram_condition(tree, binds)
-    tokens = [(binds(to_server_text(token)), caseless(token)) for token in _found_tokens(tree)]
+    found = found_tokens(tree)
+    key = (
+        shape(tree),
+        tuple(caseless(token) for token in found),
+        filters.given(visibility=True),
+        sort,
+        page[0] >= 0,
+    )
+    statement = _TRIGRAM_STATEMENTS.get(key)
+    if statement is None:
+        binds = Binds()
+        condition = trigram_condition(tree, binds, _document())
+        tokens = [(binds(to_server_text(token)), caseless(token)) for token in found]
 
-    def rank_of(document: ColumnElement[str]) -> ColumnElement[float]:
-        return _coverage(document, tokens)
+        def rank_of(document: ColumnElement[str]) -> ColumnElement[float]:
+            return coverage(document, tokens)
 
-    statement, values = _ranked(condition, filters, sort, page, rank_of)
-    return statement, {**_filter_values(filters), **binds.values, **values}
-
-
-def _found_tokens(node: Node) -> list[str]:
-    """The tokens of a trigram tree a hit can hold: all but those after a NOT, once each."""
-    if isinstance(node, Phrase):
-        return [node.tokens[0][0]]
-    if isinstance(node, Not):
-        return _found_tokens(node.positive)
-    if isinstance(node, (And, Or)):
-        found = [token for operand in node.operands for token in _found_tokens(operand)]
-        return list(dict.fromkeys(found))
-    raise TypeError(f"no trigram tokens for {type(node).__name__}")
+        statement, _ = _ranked(condition, filters, sort, page, rank_of, documents=True)
+        if len(_TRIGRAM_STATEMENTS) >= TRIGRAM_STATEMENTS:
+            _TRIGRAM_STATEMENTS.clear()
+        _TRIGRAM_STATEMENTS[key] = statement
+    # The parameters in the order trigram_condition, then the rank, made them (q0, q1...).
+    texts = [like_pattern(token) for token in phrase_tokens(tree)]
+    texts += [to_server_text(token) for token in found]
+    binds_values = {f"q{number}": text for number, text in enumerate(texts)}
+    return statement, {**_filter_values(filters), **binds_values, **_ranked_values(sort, page)}
 
 
-def _coverage(
-    document: ColumnElement[str], tokens: Sequence[tuple[ColumnElement[str], bool]]
-) -> ColumnElement[float]:
-    """The trigram path's rank: the share of the text's characters that are the query's
-    tokens (each token's occurrences times its length, over the text's length), so more
-    occurrences in a shorter text rank higher, as BM25 ranks them. One pass of replace()
-    per token (lower-cased for a token with case): pg_trgm's similarity() would build and
-    sort the trigrams of the whole text, ten times the cost."""
-    length = func.length(document, type_=Integer)
-    covered: ColumnElement[Any] | None = None
-    for token, without_case in tokens:
-        text, needle = (
-            (document, token) if without_case else (func.lower(document), func.lower(token))
-        )
-        part = length - func.length(func.replace(text, needle, ""), type_=Integer)
-        covered = part if covered is None else covered + part
-    assert covered is not None
-    share = cast(covered, Float) / cast(func.greatest(length, literal(1, Integer)), Float)
-    return type_coerce(share, Float(asdecimal=False))
+#: Trigram statements kept at most (then all dropped): one per shape of query, filters,
+#: order and paging seen.
+TRIGRAM_STATEMENTS = 256
+_TRIGRAM_STATEMENTS: dict[tuple[Any, ...], Any] = {}
 
 
 def like_statement(route: Route, options: SearchOptions) -> tuple[Any, dict[str, Any]]:
@@ -523,7 +432,7 @@ def like_statement(route: Route, options: SearchOptions) -> tuple[Any, dict[str,
     filter (the legacy quirk), the contract's snippet."""
     filters, page = options.filters, options.page
     binds = Binds()
-    condition = _like_condition(route.like_tokens, binds)
+    condition = like_condition(route.like_tokens, binds)
     first = binds(to_server_text(route.like_tokens[0]))
     start = func.greatest(1, func.strpos(M.c.content, first) - LIKE_SNIPPET_BEFORE)
     # Positions count stored characters: where an escape (3 of them for 1) is in the text,
@@ -599,6 +508,28 @@ def _by_index(conn: Connection) -> Iterator[None]:
         yield
     finally:
         savepoint.rollback()
+
+
+def _rows_by_index(
+    conn: Connection, statement: Any, values: dict[str, Any]
+) -> list[dict[str, Any]] | None:
+    """_rows planned with _BY_INDEX, in one savepoint that both bounds the settings and
+    keeps the caller's transaction going when the server rejects the query's values
+    (None); rolled back after the read, as a search writes nothing."""
+    if not _encodable(values.values()):
+        log.debug("search: query or filter not encodable as UTF-8; no results")
+        return []
+    try:
+        with conn.begin_nested() as savepoint:
+            conn.execute(_BY_INDEX)
+            rows = [dict(row) for row in conn.execute(statement, values).mappings()]
+            savepoint.rollback()
+            return rows
+    except DBAPIError as exc:
+        if not _rejected_query(exc):
+            raise
+        log.debug("search: PostgreSQL rejected the query (%s)", type(exc.orig).__name__)
+        return None
 
 
 #: SQLSTATEs of a query the server refuses for what it says: a data exception (class 22),
@@ -742,8 +673,7 @@ class PostgreSQLSearch:
             if isinstance(trigram, Nothing):
                 return Found([], route)
             if trigram is not None:
-                with _by_index(conn):
-                    rows = _rows(conn, *trigram_statement(trigram, route, options))
+                rows = _rows_by_index(conn, *trigram_statement(trigram, route, options))
                 if rows is not None:
                     return Found(rows, route)
         like = Route(None, "", route.like_tokens)
@@ -766,7 +696,10 @@ class PostgreSQLSearch:
         route = found.route
         if not found.from_index or route.index is None:
             return  # the LIKE scan's statement made them
-        documents = _documents(self.conn, [int(row["id"]) for row in found.rows])
+        if all(DOCUMENT in row for row in found.rows):  # read with the hits
+            documents = {int(row["id"]): from_server_text(row.pop(DOCUMENT)) for row in found.rows}
+        else:
+            documents = _documents(self.conn, [int(row["id"]) for row in found.rows])
         made: dict[int, str] = {}
         if route.index in memory_indexes():
             made = _memory_snippets(route, documents)
