@@ -18,16 +18,18 @@ exactly those expressions, so the planner can use those indexes.
 
 The trigram path's and the LIKE scan's tests are :mod:`hermes_store.postgresql.substrings`.
 
-The word and trigram paths find their matches first, alone (a materialised CTE), with the
-planner held to a bitmap scan of the search index (_BY_INDEX): it takes the index
-expression for cheap and would rather re-tokenise every row. Rank is ``ts_rank_cd`` (word
-path) or the share of the text its tokens cover (trigram path, coverage), higher first,
-not FTS5's BM25; ties go to the lower id. Only the newest matches within RANK_WINDOW and
-RANK_WINDOW_BYTES are ranked; older ones follow them, newest first. Snippets are FTS5's
-own, made by the sqlite3 module's FTS5 over the indexed text of the page's hits in memory
-(:mod:`hermes_store.search.fts5_snippets`), by SQLite's rules for huge messages; where the
-running sqlite3 has no FTS5 (or no trigram tokenizer), by the pure-Python reproduction
-(:mod:`hermes_store.search.snippet`), bounded past SNIPPET_EXACT_BYTES or EXACT_INSTANCES.
+The word path finds its matches first, alone (a materialised CTE), with the planner held
+to a bitmap scan of the search index (_BY_INDEX): it takes the index expression for cheap
+and would rather re-tokenise every row. The trigram path, held the same way, reads its
+matches' rows in the same scan of the trigram index (a LIKE is cheap to test again). Rank
+is ``ts_rank_cd`` (word path) or the share of the text its tokens cover (trigram path,
+coverage), higher first, not FTS5's BM25; ties go to the lower id. Only the newest matches
+within RANK_WINDOW and RANK_WINDOW_BYTES are ranked; older ones follow them, newest first.
+Snippets are FTS5's own, made by the sqlite3 module's FTS5 over the indexed text of the
+page's hits in memory (:mod:`hermes_store.search.fts5_snippets`), by SQLite's rules for
+huge messages; where the running sqlite3 has no FTS5 (or no trigram tokenizer), by the
+pure-Python reproduction (:mod:`hermes_store.search.snippet`), bounded past
+SNIPPET_EXACT_BYTES or EXACT_INSTANCES.
 docs/search.md, "PostgreSQL", lists every difference from SQLite.
 """
 
@@ -297,6 +299,7 @@ def _ranked(
     rank_of: Rank,
     *,
     documents: bool = False,
+    alone: bool = True,
 ) -> tuple[Any, dict[str, Any]]:
     """The hits in the contract's order (rank higher first, then the lower id), one page.
 
@@ -304,10 +307,13 @@ def _ranked(
     hits of the window pay it; ordered by time, only the rows of the page whose timestamp
     another match shares (the first limit + offset hits by time, ties included, are read;
     then the page is cut). With ``documents``, each row also holds its indexed text
-    (``document``), for the snippets: no second statement to read them.
+    (``document``), for the snippets: no second statement to read them. ``alone``: the
+    condition's matches are found first, by themselves (_matched); without it, in the
+    same scan that reads their rows (a condition cheap to test again: no re-tokenising).
     """
     limit = page[0]
-    condition = _matched(condition)
+    if alone:
+        condition = _matched(condition)
     if sort not in ("newest", "oldest"):
         # Ranked: the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES (a sort of
         # ids and sizes only, no text), by rank; older matches after them, newest first.
@@ -410,7 +416,7 @@ def trigram_statement(
         def rank_of(document: ColumnElement[str]) -> ColumnElement[float]:
             return coverage(document, tokens)
 
-        statement, _ = _ranked(condition, filters, sort, page, rank_of, documents=True)
+        statement, _ = _ranked(condition, filters, sort, page, rank_of, documents=True, alone=False)
         if len(_TRIGRAM_STATEMENTS) >= TRIGRAM_STATEMENTS:
             _TRIGRAM_STATEMENTS.clear()
         _TRIGRAM_STATEMENTS[key] = statement
