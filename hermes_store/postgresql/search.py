@@ -41,12 +41,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     ColumnElement,
     Float,
     Integer,
     String,
     and_,
+    any_,
     bindparam,
     case,
     func,
@@ -54,7 +56,7 @@ from sqlalchemy import (
     null,
     select,
 )
-from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY, TSVECTOR
+from sqlalchemy.dialects.postgresql import ARRAY, REGCONFIG, TSQUERY, TSVECTOR
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -632,7 +634,9 @@ def _documents(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
 
 #: The context windows' rows (hermes_store.search.context.windows_of): a NUL is stored as
 #: U+FFFE here and a character of its codes as three (hermes_store.models.to_server_text),
-#: so the characters that hold the first CONTEXT_CHARS; content stored as JSON whole.
+#: so the characters that hold the first CONTEXT_CHARS; content stored as JSON whole. The
+#: hits' ids are one array (``= ANY``): one text of the statement whatever their number, so
+#: no IN list is written out for each search.
 CONTEXT_WINDOWS = windows_of(
     lambda content: case(
         (
@@ -640,7 +644,8 @@ CONTEXT_WINDOWS = windows_of(
             content,
         ),
         else_=func.substr(content, 1, 3 * CONTEXT_CHARS),
-    )
+    ),
+    lambda hit_id: hit_id == any_(bindparam("ids", type_=ARRAY(BigInteger))),
 )
 
 
