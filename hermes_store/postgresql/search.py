@@ -289,8 +289,22 @@ def _matched(condition: ColumnElement[bool]) -> ColumnElement[bool]:
     return M.c.id.in_(select(matched.c.id))
 
 
-#: The column of the rows of a statement that reads the hits' indexed texts with them.
-DOCUMENT = "document"
+#: The columns a statement that reads the hits' indexed texts with them adds to its rows:
+#: the parts of the text (hermes_search_document's arguments), as stored.
+DOCUMENT_PARTS = ("document_content", "document_tool_name", "document_tool_calls")
+
+
+def _document_parts(columns: Any) -> list[ColumnElement[Any]]:
+    """The DOCUMENT_PARTS of a row: its text is joined in Python (_document_of) once the
+    page is cut, not for every match."""
+    parts = (columns.content, columns.tool_name, columns.tool_calls)
+    return [part.label(name) for part, name in zip(parts, DOCUMENT_PARTS, strict=True)]
+
+
+def _document_of(row: dict[str, Any]) -> str:
+    """A row's indexed text from its DOCUMENT_PARTS (taken out of the row), joined as
+    hermes_search_document (revision fts1) joins them, as the data layer gives text."""
+    return from_server_text(" ".join(row.pop(name) or "" for name in DOCUMENT_PARTS))
 
 
 def _ranked(
@@ -308,8 +322,8 @@ def _ranked(
     Rank needs each row's text tokenised again (nothing is stored): ordered by rank, the
     hits of the window pay it; ordered by time, only the rows of the page whose timestamp
     another match shares (the first limit + offset hits by time, ties included, are read;
-    then the page is cut). With ``documents``, each row also holds its indexed text
-    (``document``), for the snippets: no second statement to read them. ``alone``: the
+    then the page is cut). With ``documents``, each row also holds its indexed text's
+    parts (DOCUMENT_PARTS), for the snippets: no second statement to read them. ``alone``: the
     condition's matches are found first, by themselves (_matched); without it, in the
     same scan that reads their rows (a condition cheap to test again: no re-tokenising).
     """
@@ -338,7 +352,7 @@ def _ranked(
             windowed.desc().nulls_last(), case((in_window, hits.c.id), else_=-hits.c.id)
         )
         if documents:
-            outer = outer.add_columns(_document(hits.c).label(DOCUMENT))
+            outer = outer.add_columns(*_document_parts(hits.c))
         outer, _ = _paged(outer, page)
         return outer, _ranked_values(sort, page)
     by_time = M.c.timestamp.desc() if sort == "newest" else M.c.timestamp.asc()
@@ -359,7 +373,7 @@ def _ranked(
         in_time, rank.desc(), hits.c.id
     )
     if documents:
-        outer = outer.add_columns(_document(hits.c).label(DOCUMENT))
+        outer = outer.add_columns(*_document_parts(hits.c))
     outer, _ = _paged(outer, page)
     return outer, _ranked_values(sort, page)
 
@@ -707,8 +721,8 @@ class PostgreSQLSearch:
         route = found.route
         if not found.from_index or route.index is None:
             return  # the LIKE scan's statement made them
-        if all(DOCUMENT in row for row in found.rows):  # read with the hits
-            documents = {int(row["id"]): from_server_text(row.pop(DOCUMENT)) for row in found.rows}
+        if all(DOCUMENT_PARTS[0] in row for row in found.rows):  # read with the hits
+            documents = {int(row["id"]): _document_of(row) for row in found.rows}
         else:
             documents = _documents(self.conn, [int(row["id"]) for row in found.rows])
         made: dict[int, str] = {}
