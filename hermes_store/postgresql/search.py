@@ -322,10 +322,12 @@ def _ranked(
     Rank needs each row's text tokenised again (nothing is stored): ordered by rank, the
     hits of the window pay it; ordered by time, only the rows of the page whose timestamp
     another match shares (the first limit + offset hits by time, ties included, are read;
-    then the page is cut). With ``documents``, each row also holds its indexed text's
-    parts (DOCUMENT_PARTS), for the snippets: no second statement to read them. ``alone``: the
-    condition's matches are found first, by themselves (_matched); without it, in the
-    same scan that reads their rows (a condition cheap to test again: no re-tokenising).
+    then the page is cut).
+
+    With ``documents``, each row also holds its indexed text's parts (DOCUMENT_PARTS),
+    for the snippets: no second statement to read them. With ``alone`` the condition's
+    matches are found first, by themselves (_matched); without it, in the same scan that
+    reads their rows (for a condition cheap to test again: no re-tokenising).
     """
     limit = page[0]
     if alone:
