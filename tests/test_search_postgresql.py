@@ -42,7 +42,8 @@ from hermes_store.engine import create_store_engine
 from hermes_store.errors import QueryTooComplex
 from hermes_store.models import Base
 from hermes_store.postgresql import search as postgresql
-from hermes_store.postgresql.search import Binds, ascii_caseless, tsquery_of
+from hermes_store.postgresql.search import Binds, tsquery_of
+from hermes_store.postgresql.substrings import ascii_caseless
 from hermes_store.search import (
     TRIGRAM_INDEX,
     WORD_INDEX,
@@ -304,6 +305,47 @@ def test_results_follow_inserts_deletes_and_flag_updates(stores: tuple[Engine, E
     finally:
         with server.begin() as conn:
             conn.execute(delete(messages).where(messages.c.id.in_(ids)))
+
+
+def test_trigram_rank_puts_texts_the_query_covers_most_first(
+    stores: tuple[Engine, Engine],
+) -> None:
+    """By rank, a trigram query's hits whose text is most made of its tokens come first;
+    a token with case is found in any case, as on SQLite."""
+    lite, server = stores
+    messages = Base.metadata.tables["messages"]
+    contents = [
+        "全文检索器 in a message with many more words around it than the others have",
+        "全文检索器 全文检索器",
+        "全文检索器 and a few words",
+        "Qwertz全文检索器",
+    ]
+    ids = {engine: _insert_messages(engine, contents) for engine in (lite, server)}
+    try:
+        mine = ids[server]
+        whole = [hit["id"] for hit in _search(server, query="全文检索器", limit=-1)]
+        assert [i for i in whole if i in mine] == [mine[1], mine[3], mine[2], mine[0]]
+        for query in ("QWERTZ全文检索器", "qwertz全文检索器"):
+            for engine in (lite, server):
+                assert [hit["id"] for hit in _search(engine, query=query)] == [ids[engine][3]]
+    finally:
+        for engine, inserted in ids.items():
+            with engine.begin() as conn:
+                conn.execute(delete(messages).where(messages.c.id.in_(inserted)))
+
+
+def _insert_messages(engine: Engine, contents: list[str]) -> list[int]:
+    """New messages of the first session, one per text, in order; their ids."""
+    messages = Base.metadata.tables["messages"]
+    with engine.begin() as conn:
+        session = conn.execute(select(Base.metadata.tables["sessions"].c.id)).scalars().first()
+        return [
+            conn.execute(
+                insert(messages).returning(messages.c.id),
+                {"session_id": session, "role": "user", "content": content, "timestamp": 9e9},
+            ).scalar_one()
+            for content in contents
+        ]
 
 
 def test_equal_timestamps_are_ranked_within_pages_in_time_order(

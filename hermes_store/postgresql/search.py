@@ -11,20 +11,25 @@ exactly those expressions, so the planner can use those indexes.
   documents (``phraseto_tsquery('simple', hermes_search_lexemes(:text))``, ``to_tsquery``
   with ``:*`` for prefixes), joined with ``&&``, ``||``, ``!!`` and ``<->`` / ``<N>``.
 - Trigram path (CJK, 3+ characters a token): each token a case-insensitive substring test
-  (``ILIKE``, served by the trigram index), joined as FTS5 joins them.
+  (``ILIKE``, served by the trigram index; ``LIKE`` for a token without case), joined as
+  FTS5 joins them.
 - LIKE scan (1-2 CJK characters): the contract's per-column LIKE, with SQLite's
   ASCII-only case folding, without the visibility filter (the legacy quirk).
 
-The word and trigram paths find their matches first, alone (a materialised CTE), with the
-planner held to a bitmap scan of the search index (_BY_INDEX): it takes the index
-expression for cheap and would rather re-tokenise every row. Rank is ``ts_rank_cd`` (word
-path) or pg_trgm's ``similarity`` (trigram path), higher first, not FTS5's BM25; ties go
-to the lower id. Only the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES are
-ranked; older ones follow them, newest first. Snippets are FTS5's own, made by the
-sqlite3 module's FTS5 over the indexed text of the page's hits in memory
-(:mod:`hermes_store.search.fts5_snippets`), by SQLite's rules for huge messages; where the
-running sqlite3 has no FTS5 (or no trigram tokenizer), by the pure-Python reproduction
-(:mod:`hermes_store.search.snippet`), bounded past SNIPPET_EXACT_BYTES or EXACT_INSTANCES.
+The trigram path's and the LIKE scan's tests are :mod:`hermes_store.postgresql.substrings`.
+
+The word path finds its matches first, alone (a materialised CTE), with the planner held
+to a bitmap scan of the search index (_BY_INDEX): it takes the index expression for cheap
+and would rather re-tokenise every row. The trigram path, held the same way, reads its
+matches' rows in the same scan of the trigram index (a LIKE is cheap to test again). Rank
+is ``ts_rank_cd`` (word path) or the share of the text its tokens cover (trigram path,
+coverage), higher first, not FTS5's BM25; ties go to the lower id. Only the newest matches
+within RANK_WINDOW and RANK_WINDOW_BYTES are ranked; older ones follow them, newest first.
+Snippets are FTS5's own, made by the sqlite3 module's FTS5 over the indexed text of the
+page's hits in memory (:mod:`hermes_store.search.fts5_snippets`), by SQLite's rules for
+huge messages; where the running sqlite3 has no FTS5 (or no trigram tokenizer), by the
+pure-Python reproduction (:mod:`hermes_store.search.snippet`), bounded past
+SNIPPET_EXACT_BYTES or EXACT_INSTANCES.
 docs/search.md, "PostgreSQL", lists every difference from SQLite.
 """
 
@@ -36,31 +41,40 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     ColumnElement,
     Float,
     Integer,
     String,
     and_,
+    any_,
     bindparam,
     case,
-    column,
     func,
     literal,
     literal_column,
-    not_,
     null,
-    or_,
     select,
-    table,
 )
-from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY, TSVECTOR
+from sqlalchemy.dialects.postgresql import ARRAY, REGCONFIG, TSQUERY, TSVECTOR
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from hermes_store.declarations import LAYOUT_MARKER, POSTGRESQL_LAYOUTS, WORDS_COLUMN
+from hermes_store.declarations import WORDS_COLUMN
 from hermes_store.errors import SearchFailed
-from hermes_store.models import SERVER_ESCAPE, SERVER_NUL, from_server_text, to_server_text
+from hermes_store.models import SERVER_ESCAPE, from_server_text, to_server_text
+from hermes_store.postgresql import words
+from hermes_store.postgresql.substrings import (
+    caseless,
+    coverage,
+    found_tokens,
+    like_condition,
+    like_pattern,
+    phrase_tokens,
+    shape,
+    trigram_condition,
+)
 from hermes_store.prepared import Connections
 from hermes_store.search.context import (
     CONTENT_JSON_PREFIX,
@@ -85,11 +99,9 @@ from hermes_store.search.query import (
     Phrase,
     QuerySyntaxError,
     Route,
-    escape_like,
     highlight_of,
     not_understood,
     parse_query,
-    reduced,
     route_query,
     simplify,
     word_tokens,
@@ -130,9 +142,6 @@ SNIPPET_EXACT_BYTES = 64 * 1024
 #: its phrases, a superset (see docs/search.md, "PostgreSQL").
 NEAR_EXACT_DISTANCE = 32
 
-_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_LOWER = "abcdefghijklmnopqrstuvwxyz"
-
 
 def _document(columns: Any = M.c) -> ColumnElement[str]:
     """The indexed text: the expression both indexes are built on."""
@@ -149,22 +158,8 @@ def _words(stored: bool) -> ColumnElement[Any]:
     return func.hermes_search_words(_document(), type_=TSVECTOR)
 
 
-STATE_META = table("state_meta", column("key", String), column("value", String))
 #: The words revision fts2 stores in `messages` (PostgreSQL's alone: not an ORM column).
 _STORED_WORDS = literal_column(f"{M.name}.{WORDS_COLUMN}", type_=TSVECTOR)
-
-
-def stored_words(conn: Connection) -> bool:
-    """Whether the store's search layout reads the stored words: the layout marker names
-    a layout that stores them (revision fts2 switches it once they are all filled and
-    indexed; until then the expression index serves)."""
-    marker = conn.execute(
-        select(STATE_META.c.value).where(STATE_META.c.key == LAYOUT_MARKER)
-    ).scalar()
-    return any(
-        layout.marker == marker and layout.words_column is not None
-        for layout in POSTGRESQL_LAYOUTS.values()
-    )
 
 
 class Binds:
@@ -245,78 +240,6 @@ def tsquery_of(node: Node, binds: Binds) -> ColumnElement[Any]:
     raise TypeError(f"no tsquery for {type(node).__name__}")
 
 
-def _like_pattern(text: str) -> str:
-    """A contains-pattern for ``text`` as stored on the server (NUL as U+FFFE)."""
-    return f"%{escape_like(to_server_text(text))}%"
-
-
-def trigram_condition(node: Node, binds: Binds) -> ColumnElement[bool]:
-    """A simplified trigram query tree as ILIKE tests over the indexed text."""
-    if isinstance(node, Phrase):  # one quoted token: a substring of 3+ characters
-        pattern = binds(_like_pattern(node.tokens[0][0]))
-        # The trigram index serves the first test; the second is FTS5's trigram tokenizer,
-        # which stops at a text's first NUL (stored here as U+FFFE).
-        return and_(_document().ilike(pattern), _before_nul(_document()).ilike(pattern))
-    if isinstance(node, And):
-        return and_(*(trigram_condition(operand, binds) for operand in node.operands))
-    if isinstance(node, Or):
-        return or_(*(trigram_condition(operand, binds) for operand in node.operands))
-    if isinstance(node, Not):
-        return and_(
-            trigram_condition(node.positive, binds), not_(trigram_condition(node.negative, binds))
-        )
-    raise TypeError(f"no trigram condition for {type(node).__name__}")
-
-
-def _before_nul(value: ColumnElement[Any]) -> ColumnElement[str]:
-    """``value`` up to its first NUL (U+FFFE on the server), where SQLite's LIKE and the
-    trigram tokenizer stop reading a text."""
-    return func.split_part(value, SERVER_NUL, 1, type_=String)
-
-
-def _ascii_folded(value: ColumnElement[Any]) -> ColumnElement[str]:
-    """``value`` with ASCII letters lower-cased and nothing else: SQLite LIKE's folding."""
-    return func.translate(value, _UPPER, _LOWER, type_=String)
-
-
-def ascii_caseless(token: str) -> str:
-    """A regular expression (ARE) finding ``token`` with ASCII letters in either case and
-    every other character as written: what SQLite's LIKE '%token%' finds."""
-    pieces = []
-    for char in token:
-        if char.isascii() and char.isalpha():
-            pieces.append(f"[{char.lower()}{char.upper()}]")
-        elif char.isalnum():
-            pieces.append(char)
-        else:  # a backslash before a character that is not a letter or digit: itself
-            pieces.append("\\" + char)
-    return "".join(pieces)
-
-
-def _like_condition(tokens: Sequence[str], binds: Binds) -> ColumnElement[bool]:
-    """The LIKE scan's test: any token in content, tool_name or tool_calls, ASCII case
-    folded as SQLite's LIKE folds it, each text read up to its first NUL as LIKE reads it.
-
-    A token without ASCII letters is a plain LIKE (nothing to fold); one with letters a
-    regular expression with each letter in both cases (ILIKE would fold every script, and
-    translate() to ASCII lower case costs 30 times as much).
-    """
-    columns = (M.c.content, M.c.tool_name, M.c.tool_calls)
-    conditions: list[ColumnElement[bool]] = []
-    for token in reduced(tokens):
-        if "\x00" in token:  # compared whole, as on SQLite (stored NULs are U+FFFE here)
-            needle = _ascii_folded(binds(to_server_text(token)))
-            tests = [func.strpos(_ascii_folded(column), needle) > 0 for column in columns]
-        elif any(char.isascii() and char.isalpha() for char in token):
-            regex = binds(ascii_caseless(to_server_text(token)))
-            tests = [_before_nul(column).op("~", return_type=Boolean)(regex) for column in columns]
-        else:
-            pattern = binds(_like_pattern(token))
-            tests = [_before_nul(column).like(pattern) for column in columns]
-        conditions.append(or_(*tests))
-    return or_(*conditions)
-
-
 # -- the statements ------------------------------------------------------------------------
 
 
@@ -379,6 +302,24 @@ def _matched(condition: ColumnElement[bool]) -> ColumnElement[bool]:
     return M.c.id.in_(select(matched.c.id))
 
 
+#: The columns a statement that reads the hits' indexed texts with them adds to its rows:
+#: the parts of the text (hermes_search_document's arguments), as stored.
+DOCUMENT_PARTS = ("document_content", "document_tool_name", "document_tool_calls")
+
+
+def _document_parts(columns: Any) -> list[ColumnElement[Any]]:
+    """The DOCUMENT_PARTS of a row: its text is joined in Python (_document_of) once the
+    page is cut, not for every match."""
+    parts = (columns.content, columns.tool_name, columns.tool_calls)
+    return [part.label(name) for part, name in zip(parts, DOCUMENT_PARTS, strict=True)]
+
+
+def _document_of(row: dict[str, Any]) -> str:
+    """A row's indexed text from its DOCUMENT_PARTS (taken out of the row), joined as
+    hermes_search_document (revision fts1) joins them, as the data layer gives text."""
+    return from_server_text(" ".join(row.pop(name) or "" for name in DOCUMENT_PARTS))
+
+
 def _ranked(
     condition: ColumnElement[bool],
     filters: Filters,
@@ -386,16 +327,26 @@ def _ranked(
     page: tuple[int, int],
     rank_of: Rank,
     rank_inputs: Sequence[ColumnElement[Any]] = _TEXT_COLUMNS,
+    *,
+    documents: bool = False,
+    alone: bool = True,
 ) -> tuple[Any, dict[str, Any]]:
     """The hits in the contract's order (rank higher first, then the lower id), one page.
 
-    Rank needs each row's text tokenised again (nothing is stored): ordered by rank, the
-    hits of the window pay it; ordered by time, only the rows of the page whose timestamp
-    another match shares (the first limit + offset hits by time, ties included, are read;
-    then the page is cut).
+    Rank reads ``rank_inputs`` of each row (the stored words, or the text to tokenise or
+    scan again): ordered by rank, the hits of the window pay it; ordered by time, only the
+    rows of the page whose timestamp another match shares (the first limit + offset hits
+    by time, ties included, are read; then the page is cut).
+
+    With ``documents`` (``rank_inputs`` the text columns), each row also holds its
+    indexed text's parts (DOCUMENT_PARTS), for the snippets: no second statement to read
+    them. With ``alone`` the condition's
+    matches are found first, by themselves (_matched); without it, in the same scan that
+    reads their rows (for a condition cheap to test again: no re-tokenising).
     """
-    limit, offset = page
-    condition = _matched(condition)
+    limit = page[0]
+    if alone:
+        condition = _matched(condition)
     if sort not in ("newest", "oldest"):
         # Ranked: the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES (a sort of
         # ids and sizes only, no text), by rank; older matches after them, newest first.
@@ -415,27 +366,40 @@ def _ranked(
         outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
             windowed.desc().nulls_last(), case((in_window, hits.c.id), else_=-hits.c.id)
         )
-        outer, values = _paged(outer, page)
-        return outer, {**values, "rank_window": RANK_WINDOW, "rank_bytes": RANK_WINDOW_BYTES}
+        if documents:
+            outer = outer.add_columns(*_document_parts(hits.c))
+        outer, _ = _paged(outer, page)
+        return outer, _ranked_values(sort, page)
     by_time = M.c.timestamp.desc() if sort == "newest" else M.c.timestamp.asc()
     statement = _select(condition, filters, visibility=True).add_columns(
         *rank_inputs,
         func.count().over(partition_by=M.c.timestamp).label("ties"),
     )
-    window: dict[str, Any] = {}
     if limit >= 0:
         statement = statement.order_by(by_time).fetch(
             bindparam("window", type_=Integer), with_ties=True
         )
-        window["window"] = limit + max(offset, 0)
     hits = statement.subquery("hits")
     rank = case((hits.c.ties > 1, rank_of(hits.c)), else_=null())
     in_time = hits.c.timestamp.desc() if sort == "newest" else hits.c.timestamp.asc()
     outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
         in_time, rank.desc(), hits.c.id
     )
-    outer, values = _paged(outer, page)
-    return outer, {**values, **window}
+    if documents:
+        outer = outer.add_columns(*_document_parts(hits.c))
+    outer, _ = _paged(outer, page)
+    return outer, _ranked_values(sort, page)
+
+
+def _ranked_values(sort: str | None, page: tuple[int, int]) -> dict[str, Any]:
+    """The parameters of _ranked's statement that are not the query's or the filters'."""
+    limit, offset = page
+    _, values = _paged(select(), page)
+    if sort not in ("newest", "oldest"):
+        return {**values, "rank_window": RANK_WINDOW, "rank_bytes": RANK_WINDOW_BYTES}
+    if limit >= 0:
+        values["window"] = limit + max(offset, 0)
+    return values
 
 
 def word_statement(
@@ -466,17 +430,44 @@ def word_statement(
 def trigram_statement(
     tree: Node, route: Route, options: SearchOptions
 ) -> tuple[Any, dict[str, Any]]:
-    """The trigram path's statement for a simplified tree, and its parameters."""
+    """The trigram path's statement for a simplified tree, and its parameters.
+
+    Statements are kept by shape (_TRIGRAM_STATEMENTS): building one costs more than a
+    small search on SQLite does, and queries of one shape differ in values only.
+    """
     filters, sort, page = options.filters, options.order, options.page
-    binds = Binds()
-    condition = trigram_condition(tree, binds)
-    terms = binds(to_server_text(" ".join(route.like_tokens)))
+    found = found_tokens(tree)
+    key = (
+        shape(tree),
+        tuple(caseless(token) for token in found),
+        filters.given(visibility=True),
+        sort,
+        page[0] >= 0,
+    )
+    statement = _TRIGRAM_STATEMENTS.get(key)
+    if statement is None:
+        binds = Binds()
+        condition = trigram_condition(tree, binds, _document())
+        tokens = [(binds(to_server_text(token)), caseless(token)) for token in found]
 
-    def rank_of(hits: Any) -> ColumnElement[float]:
-        return func.similarity(_document(hits), terms, type_=Float)
+        def rank_of(hits: Any) -> ColumnElement[float]:
+            return coverage(_document(hits), tokens)
 
-    statement, values = _ranked(condition, filters, sort, page, rank_of)
-    return statement, {**_filter_values(filters), **binds.values, **values}
+        statement, _ = _ranked(condition, filters, sort, page, rank_of, documents=True, alone=False)
+        if len(_TRIGRAM_STATEMENTS) >= TRIGRAM_STATEMENTS:
+            _TRIGRAM_STATEMENTS.clear()
+        _TRIGRAM_STATEMENTS[key] = statement
+    # The parameters in the order trigram_condition, then the rank, made them (q0, q1...).
+    texts = [like_pattern(token) for token in phrase_tokens(tree)]
+    texts += [to_server_text(token) for token in found]
+    binds_values = {f"q{number}": text for number, text in enumerate(texts)}
+    return statement, {**_filter_values(filters), **binds_values, **_ranked_values(sort, page)}
+
+
+#: Trigram statements kept at most (then all dropped): one per shape of query, filters,
+#: order and paging seen.
+TRIGRAM_STATEMENTS = 256
+_TRIGRAM_STATEMENTS: dict[tuple[Any, ...], Any] = {}
 
 
 def like_statement(route: Route, options: SearchOptions) -> tuple[Any, dict[str, Any]]:
@@ -484,7 +475,7 @@ def like_statement(route: Route, options: SearchOptions) -> tuple[Any, dict[str,
     filter (the legacy quirk), the contract's snippet."""
     filters, page = options.filters, options.page
     binds = Binds()
-    condition = _like_condition(route.like_tokens, binds)
+    condition = like_condition(route.like_tokens, binds)
     first = binds(to_server_text(route.like_tokens[0]))
     start = func.greatest(1, func.strpos(M.c.content, first) - LIKE_SNIPPET_BEFORE)
     # Positions count stored characters: where an escape (3 of them for 1) is in the text,
@@ -560,6 +551,28 @@ def _by_index(conn: Connection) -> Iterator[None]:
         yield
     finally:
         savepoint.rollback()
+
+
+def _rows_by_index(
+    conn: Connection, statement: Any, values: dict[str, Any]
+) -> list[dict[str, Any]] | None:
+    """_rows planned with _BY_INDEX, in one savepoint that both bounds the settings and
+    keeps the caller's transaction going when the server rejects the query's values
+    (None); rolled back after the read, as a search writes nothing."""
+    if not _encodable(values.values()):
+        log.debug("search: query or filter not encodable as UTF-8; no results")
+        return []
+    try:
+        with conn.begin_nested() as savepoint:
+            conn.execute(_BY_INDEX)
+            rows = [dict(row) for row in conn.execute(statement, values).mappings()]
+            savepoint.rollback()
+            return rows
+    except DBAPIError as exc:
+        if not _rejected_query(exc):
+            raise
+        log.debug("search: PostgreSQL rejected the query (%s)", type(exc.orig).__name__)
+        return None
 
 
 #: SQLSTATEs of a query the server refuses for what it says: a data exception (class 22),
@@ -656,7 +669,9 @@ def _documents(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
 
 #: The context windows' rows (hermes_store.search.context.windows_of): a NUL is stored as
 #: U+FFFE here and a character of its codes as three (hermes_store.models.to_server_text),
-#: so the characters that hold the first CONTEXT_CHARS; content stored as JSON whole.
+#: so the characters that hold the first CONTEXT_CHARS; content stored as JSON whole. The
+#: hits' ids are one array (``= ANY``): one text of the statement whatever their number, so
+#: no IN list is written out for each search.
 CONTEXT_WINDOWS = windows_of(
     lambda content: case(
         (
@@ -664,7 +679,8 @@ CONTEXT_WINDOWS = windows_of(
             content,
         ),
         else_=func.substr(content, 1, 3 * CONTEXT_CHARS),
-    )
+    ),
+    lambda hit_id: hit_id == any_(bindparam("ids", type_=ARRAY(BigInteger))),
 )
 
 
@@ -691,7 +707,7 @@ class PostgreSQLSearch:
             if isinstance(tree, Nothing):
                 return Found([], route)
             with _by_index(conn):
-                statement = word_statement(tree, options, stored=stored_words(conn))
+                statement = word_statement(tree, options, stored=words.stored_words(conn))
                 rows = _rows(conn, *statement)
             if rows is None:
                 return Found([], route, query_error=_not_searchable(conn, tree))
@@ -704,8 +720,7 @@ class PostgreSQLSearch:
             if isinstance(trigram, Nothing):
                 return Found([], route)
             if trigram is not None:
-                with _by_index(conn):
-                    rows = _rows(conn, *trigram_statement(trigram, route, options))
+                rows = _rows_by_index(conn, *trigram_statement(trigram, route, options))
                 if rows is not None:
                     return Found(rows, route)
         like = Route(None, "", route.like_tokens)
@@ -728,7 +743,10 @@ class PostgreSQLSearch:
         route = found.route
         if not found.from_index or route.index is None:
             return  # the LIKE scan's statement made them
-        documents = _documents(self.conn, [int(row["id"]) for row in found.rows])
+        if all(DOCUMENT_PARTS[0] in row for row in found.rows):  # read with the hits
+            documents = {int(row["id"]): _document_of(row) for row in found.rows}
+        else:
+            documents = _documents(self.conn, [int(row["id"]) for row in found.rows])
         made: dict[int, str] = {}
         if route.index in memory_indexes():
             made = _memory_snippets(route, documents)

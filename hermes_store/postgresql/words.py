@@ -1,4 +1,5 @@
-"""The stored words of search layout 2 (revision fts2): checking and refilling them.
+"""The stored words of search layout 2 (revision fts2): whether a store's search reads
+them, checking and refilling them.
 
 Each `messages` row holds its words as a tsvector (lexemes and positions, no text), set by
 the trigger the layout declares in the writer's own transaction. `check` verifies the
@@ -10,7 +11,9 @@ transactions that never block the agent for long.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, String, column, select, table, text
+
+from hermes_store.declarations import LAYOUT_MARKER, POSTGRESQL_LAYOUTS
 
 #: How many of the newest rows `check` tokenises again to compare with their stored words.
 WORDS_SAMPLE = 200
@@ -120,3 +123,19 @@ def add_column(auto: Connection, column: str) -> None:
         auto.execute(text(f'ALTER TABLE messages ADD COLUMN IF NOT EXISTS "{column}" tsvector'))
     finally:
         auto.execute(text("RESET lock_timeout"))
+
+
+STATE_META = table("state_meta", column("key", String), column("value", String))
+
+
+def stored_words(conn: Connection) -> bool:
+    """Whether the store's search layout reads the stored words: the layout marker names
+    a layout that stores them (revision fts2 switches it once they are all filled and
+    indexed; until then the expression index serves)."""
+    marker = conn.execute(
+        select(STATE_META.c.value).where(STATE_META.c.key == LAYOUT_MARKER)
+    ).scalar()
+    return any(
+        layout.marker == marker and layout.words_column is not None
+        for layout in POSTGRESQL_LAYOUTS.values()
+    )

@@ -53,14 +53,17 @@ CONTEXT_WINDOW_IDS = (
 )
 
 
-def windows_of(content: Callable[[Any], Any]) -> Any:
+def windows_of(
+    content: Callable[[Any], Any],
+    among: Callable[[Any], Any] = lambda hit_id: hit_id.in_(bindparam("ids", expanding=True)),
+) -> Any:
     """The context windows of hits ``ids`` (hit id, role, content), each row's content as
     ``content`` (a function of the content column) selects it: each database cuts it in its
-    own SQL."""
+    own SQL. ``among``: the test that a hit's id is one of ``ids`` (an IN list by default)."""
     return (
         select(_target.c.id, _window_row.c.role, content(_window_row.c.content).label("content"))
         .select_from(_windows)
-        .where(_target.c.id.in_(bindparam("ids", expanding=True)))
+        .where(among(_target.c.id))
         .order_by(_target.c.id, _window_row.c.timestamp, _window_row.c.id)
     )
 
