@@ -54,7 +54,7 @@ COMMANDS: dict[str, Entry] = {
         "schema",
         "downgrade",
         "Take a store back: REVISION is -N (N steps), an id from `hermes-store history`, an "
-        f"application version ({app_version_range()}), fts@-1 (the search layout only) or base.",
+        f"application version ({app_version_range()}), fts@-N (the search layout's steps) or base.",
     ),
     "stamp": Entry(
         "schema",
