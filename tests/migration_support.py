@@ -47,12 +47,24 @@ def clone(source: Path, target: Path) -> Path:
 def back_to_inline_21(path: Path) -> None:
     """Downgrade a store at head to schema 21 with the legacy inline search layout.
 
-    The relational chain goes back to 21, then the search branch's revision is undone.
+    The relational chain goes back to 21, then the search branch's revisions are undone one
+    step at a time: its head (fts2, which changes nothing on SQLite), then the conversion
+    (fts1) back to the inline layout.
     """
     from hermes_store import migrate
+    from hermes_store.revisions import FTS_EXTERNAL_REVISION, fts_head_revision
 
-    migrate.downgrade(str(path), "21")
-    migrate.downgrade(str(path), "fts@-1")
+    at_21 = (migrate.head_revision(), f"21, {fts_head_revision()}")
+    assert migrate.downgrade(str(path), "21") == at_21
+    schema = _schema(path)
+    assert migrate.downgrade(str(path), "fts@-1")[1] == f"21, {FTS_EXTERNAL_REVISION}"
+    assert _schema(path) == schema, "the search layout's head changed the SQLite schema"
+    assert migrate.downgrade(str(path), "fts@-1")[1] == "21"
+
+
+def _schema(path: Path) -> list[tuple[str, str, str]]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
 
 
 def legacy_corpus_store(path: Path, messages: int, seed: int, version: int = 21) -> Path:

@@ -26,6 +26,7 @@ from legacy.build import build_legacy_store
 
 from hermes_store.cli import main
 from hermes_store.demo import corpus
+from hermes_store.revisions import FTS_EXTERNAL_REVISION, fts_head_revision
 
 WORD, TRIGRAM = "messages_fts", "messages_fts_trigram"
 INDEXES = (WORD, TRIGRAM)
@@ -166,13 +167,24 @@ def snapshot(path: Path) -> Snapshot:
 #: The upgrade's change log (see sqlite.migration.verify_ahead), with its triggers' prefix.
 CHANGE_LOG = "hermes_store_conversion_changes"
 
+#: The revisions of a schema-21 store in the legacy inline layout: unversioned, or 21.
+INLINE_21_REVISIONS = ([], ["21"])
+#: The revisions of a schema-21 store converted to external content: 21 with the
+#: conversion (fts1), or with the search layout's head (fts2, which on SQLite changes
+#: nothing: the same schema), as `upgrade --app-version 21` leaves it.
+EXTERNAL_21_REVISIONS = (
+    sorted(["21", FTS_EXTERNAL_REVISION]),
+    sorted(["21", fts_head_revision()]),
+)
+
 
 def whole_revision(path: Path, at_21: Snapshot, at_22: Snapshot) -> str:
     """Say whether a schema-21 store is wholly inline or wholly converted (else fail).
 
     'inline': unversioned or at revision 21, the legacy layout; 'external': at revisions 21
-    and fts1, the converted layout (the search branch never changes schema_version, which
-    stays 21 either way). Wholly: the schema is exactly that state's (tables, FTS
+    and fts1 (or 21 and the search layout's head, fts2, the same schema on SQLite), the
+    converted layout (the search branch never changes schema_version, which stays 21 either
+    way); any other set of revisions fails. Wholly: the schema is exactly that state's (tables, FTS
     declarations, shadow tables, view, triggers), both FTS5 integrity checks and PRAGMA
     integrity_check pass, and the indexes answer as that state's reference store does.
     """
@@ -184,7 +196,10 @@ def whole_revision(path: Path, at_21: Snapshot, at_22: Snapshot) -> str:
         else []
     )
     assert version == 21, f"schema_version is {version}"
-    state = "external" if "fts1" in revisions else "inline"
+    assert revisions in (*INLINE_21_REVISIONS, *EXTERNAL_21_REVISIONS), (
+        f"at {revisions}: neither inline 21's revisions nor external's"
+    )
+    state = "external" if revisions in EXTERNAL_21_REVISIONS else "inline"
     expected = at_21 if state == "inline" else at_22
     found = schema(path)
     if state == "external":  # copies set aside by the conversion, not freed yet: consistent
@@ -198,10 +213,8 @@ def whole_revision(path: Path, at_21: Snapshot, at_22: Snapshot) -> str:
         f"missing {sorted(expected.schema - found)[:3]}"
     )
     if state == "inline":
-        assert revisions in ([], ["21"])
         assert {f"{WORD}_content", f"{TRIGRAM}_content"} <= tables
     else:
-        assert revisions == ["21", "fts1"]
         assert not {f"{WORD}_content", f"{TRIGRAM}_content"} & tables
     assert fts_problems(path) == {}
     assert probe(path) == expected.answers

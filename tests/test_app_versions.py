@@ -21,7 +21,12 @@ from alembic import command
 from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.errors import SchemaTooNew, StoreError
-from hermes_store.revisions import FTS_EXTERNAL_REVISION, LAST_APP_VERSION, head_revision
+from hermes_store.revisions import (
+    FTS_EXTERNAL_REVISION,
+    LAST_APP_VERSION,
+    fts_head_revision,
+    head_revision,
+)
 
 HEAD = head_revision()
 PROMPT = "You are Hermes, a careful assistant."
@@ -210,7 +215,8 @@ def test_app_version_21_converts_search_and_leaves_the_schema_at_21(tmp_path: Pa
 
     result = migrate.upgrade(str(path), app_version=21)
 
-    assert result.after == ("21", FTS_EXTERNAL_REVISION)
+    # The search layout's head: the conversion and every layout revision after it.
+    assert result.after == ("21", fts_head_revision())
     assert (result.schema_after, result.layout_after) == (21, "external")
     assert scalar(path, "SELECT version FROM schema_version") == 21
     assert schema_snapshot(path)["tables"] == tables_before
@@ -300,7 +306,8 @@ def test_a_misstamped_store_can_stop_at_the_agents_version(tmp_path: Path) -> No
 
     result = migrate.upgrade(str(path), app_version=21)
 
-    assert result.after == ("21", FTS_EXTERNAL_REVISION)
+    # The search layout's head: the conversion and every layout revision after it.
+    assert result.after == ("21", fts_head_revision())
     assert scalar(path, "SELECT version FROM schema_version") == 21
     assert "task" not in usage_key(path)
 

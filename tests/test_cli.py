@@ -33,6 +33,7 @@ from hermes_store.cli import every_command, main, progress
 from hermes_store.demo import corpus
 from hermes_store.engine import ENV_BUSY_TIMEOUT, create_store_engine
 from hermes_store.errors import StoreError
+from hermes_store.revisions import FTS_EXTERNAL_REVISION, fts_head_revision
 from hermes_store.search import search_messages
 from hermes_store.sqlite import fts
 from hermes_store.sqlite.backend import SQLiteBackend
@@ -1067,10 +1068,20 @@ def test_downgrade_and_upgrade_again(head_store: Path, tmp_path: Path) -> None:
     messages = scalar(head_store, "SELECT count(*) FROM messages")
     backup_path = tmp_path / "before-downgrade.db"
     data = invoke_json("downgrade", "30", "--db", head_store, "--yes", "--backup", backup_path)
-    assert (data["from"], data["to"]) == (HEAD, "30, fts1")
+    # Alembic's meaning: the merges that depend on 30; the search layout's head stays.
+    assert (data["from"], data["to"]) == (HEAD, f"30, {fts_head_revision()}")
     assert backup_path.exists()
     assert scalar(backup_path, "SELECT version_num FROM alembic_version") == HEAD
+    schema_before = query(head_store, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
     data = invoke_json("downgrade", "fts@-1", "--db", head_store, "--yes")
+    # The layout's head (fts2) changes nothing on SQLite: still external, same schema.
+    assert data["to"] == f"30, {FTS_EXTERNAL_REVISION}"
+    assert invoke_json("current", "--db", head_store)["fts_layout"] == "external"
+    assert (
+        query(head_store, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
+        == schema_before
+    )
+    data = invoke_json("downgrade", "fts@-1", "--db", head_store, "--yes")  # the conversion
     assert data["to"] == "30"
     assert invoke_json("current", "--db", head_store)["fts_layout"] == "inline"
     assert scalar(head_store, "SELECT count(*) FROM messages") == messages

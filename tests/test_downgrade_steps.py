@@ -3,8 +3,11 @@ through `hermes-store downgrade` and the bare `alembic downgrade` alike; the con
 what will be undone; an unknown revision points to `hermes-store history`.
 
 One step is the newest revision that changes the store, in the order `hermes-store upgrade`
-applies them (the application's 17 to its newest version, then the search layout fts1); the
-merges that join the two change nothing and are undone together with the step below them.
+applies them (the application's 17 to its newest version, then the search layout: fts1, the
+conversion to external content, and each layout revision after it); the merges that join the
+two change nothing and are undone together with the step below them. So -1 from the head
+undoes the search layout's newest revision only (fts2, which changes nothing on SQLite), and
+going back to the inline layout takes one step per layout revision.
 """
 
 from __future__ import annotations
@@ -26,19 +29,58 @@ from migration_support import legacy_corpus_store
 from hermes_store import migrate
 from hermes_store.cli import main
 from hermes_store.errors import StoreError, UnknownRevision
-from hermes_store.revisions import APP_VERSIONS, LAST_APP_VERSION
+from hermes_store.revisions import (
+    APP_VERSIONS,
+    FTS_EXTERNAL_REVISION,
+    LAST_APP_VERSION,
+    fts_head_revision,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HEAD = migrate.head_revision()
 #: The application's newest version and the two before it, as revision ids.
 NEWEST, PREVIOUS, BEFORE_PREVIOUS = (str(LAST_APP_VERSION - n) for n in range(3))
-#: What -1 from the head undoes: the merges (newest first, changing nothing) and fts1.
-LAYOUT_STEP = [
-    *(rev.revision for rev in migrate.script_directory().walk_revisions() if rev.is_merge_point),
-    "fts1",
-]
-#: The steps a store at head has: each application version, and the search layout.
-STEPS = len(APP_VERSIONS) + 1
+#: The search layout's head (fts2) and the merge below the head that joined the layout's
+#: previous revision to the chain (merge_30_fts1): where -1 from the head leaves a store.
+FTS_HEAD = fts_head_revision()
+_HEAD_SCRIPT = migrate.script_directory().get_revision(HEAD)
+assert _HEAD_SCRIPT is not None
+assert FTS_HEAD in _HEAD_SCRIPT.down_revision
+(PREVIOUS_MERGE,) = (rev for rev in _HEAD_SCRIPT.down_revision if rev != FTS_HEAD)
+
+
+def _layout_revisions() -> list[str]:
+    """The search layout's revisions, newest first: its head down to the conversion, fts1."""
+    script = migrate.script_directory()
+    found = [FTS_HEAD]
+    while found[-1] != FTS_EXTERNAL_REVISION:
+        rev = script.get_revision(found[-1])
+        assert rev is not None
+        assert isinstance(rev.down_revision, str)
+        found.append(rev.down_revision)
+    return found
+
+
+def _merge_above(revision: str) -> list[str]:
+    """The merge that joined ``revision`` of the search layout to the chain."""
+    return [
+        rev.revision
+        for rev in migrate.script_directory().walk_revisions()
+        if rev.is_merge_point and revision in rev.down_revision
+    ]
+
+
+#: The layout's revisions, newest first (fts2, fts1): one step each.
+LAYOUT_REVISIONS = _layout_revisions()
+LAYOUT_STEPS = len(LAYOUT_REVISIONS)
+#: What -1 from the head undoes: the merge above the layout's head (changing nothing) and
+#: the head itself (fts2), which on SQLite changes nothing either.
+FIRST_STEP = [HEAD, FTS_HEAD]
+#: What going back from the head to the inline layout undoes, newest first: each layout
+#: revision with the merge above it (changing nothing), down to the conversion fts1.
+LAYOUT_STEP = [name for rev in LAYOUT_REVISIONS for name in (*_merge_above(rev), rev)]
+#: The steps a store at head has: each application version, and each layout revision.
+STEPS = len(APP_VERSIONS) + LAYOUT_STEPS
 
 
 def query(path: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -102,51 +144,81 @@ def head_store(head_template: Path, tmp_path: Path) -> Path:
     return Path(shutil.copy(head_template, tmp_path / "state.db"))
 
 
+def current_layout(path: Path) -> str:
+    return str(json.loads(invoke("current", "--db", path, "--json").stdout)["fts_layout"])
+
+
 def test_minus_one_from_the_merge_head_undoes_the_search_layout(head_store: Path) -> None:
+    """-1 from the head undoes the layout's newest revision (fts2: nothing on SQLite); the
+    next -1 undoes the conversion, fts1, back to the inline layout."""
     messages = query(head_store, "SELECT count(*) FROM messages")
+    before = schema(head_store)
     data = json.loads(invoke("downgrade", "-1", "--db", head_store, "--yes", "--json").stdout)
-    assert (data["from"], data["to"]) == (HEAD, NEWEST)
-    assert [step["revision"] for step in data["undone"]] == LAYOUT_STEP
+    assert (data["from"], data["to"]) == (HEAD, PREVIOUS_MERGE)
+    assert [step["revision"] for step in data["undone"]] == FIRST_STEP
+    assert revisions(head_store) == [PREVIOUS_MERGE]
+    assert schema(head_store) == before  # fts2 changes nothing on SQLite
+    assert current_layout(head_store) == "external"
+    assert query(head_store, "SELECT count(*) FROM messages") == messages
+
+    data = json.loads(invoke("downgrade", "-1", "--db", head_store, "--yes", "--json").stdout)
+    assert (data["from"], data["to"]) == (PREVIOUS_MERGE, NEWEST)
+    assert [step["revision"] for step in data["undone"]] == [
+        *_merge_above(FTS_EXTERNAL_REVISION),
+        FTS_EXTERNAL_REVISION,
+    ]
     assert revisions(head_store) == [NEWEST]
     assert query(head_store, "SELECT version FROM schema_version") == [(LAST_APP_VERSION,)]
-    layout = json.loads(invoke("current", "--db", head_store, "--json").stdout)["fts_layout"]
-    assert layout == "inline"
+    assert current_layout(head_store) == "inline"
     assert query(head_store, "SELECT count(*) FROM messages") == messages
 
 
 def test_minus_n_walks_back_one_step_at_a_time(head_store: Path, tmp_path: Path) -> None:
-    """-3 from head is -1 three times: the search layout, then the newest version, then the
-    one before."""
+    """-4 from head is -1 four times: fts2, the conversion fts1 (the search layout), then the
+    newest version, then the one before."""
     walked = Path(shutil.copy(head_store, tmp_path / "walked.db"))
     seen = []
-    for _ in range(3):
+    for _ in range(4):
         invoke("downgrade", "-1", "--db", walked, "--yes")
         seen.append(revisions(walked))
-    assert seen == [[NEWEST], [PREVIOUS], [BEFORE_PREVIOUS]]
-    invoke("downgrade", "-3", "--db", head_store, "--yes")
+    assert seen == [[PREVIOUS_MERGE], [NEWEST], [PREVIOUS], [BEFORE_PREVIOUS]]
+    invoke("downgrade", "-4", "--db", head_store, "--yes")
     assert revisions(head_store) == [BEFORE_PREVIOUS]
     assert schema(head_store) == schema(walked)
 
 
 def test_minus_one_at_the_agents_version_undoes_the_search_layout(head_store: Path) -> None:
-    """A store at (21, fts1), as `upgrade --app-version 21` leaves it: one step is fts1."""
+    """A store at (21, fts2), as `upgrade --app-version 21` leaves it: one step is fts2
+    (nothing on SQLite), the next the conversion fts1."""
     invoke("downgrade", "21", "--db", head_store, "--yes")
-    assert revisions(head_store) == ["21", "fts1"]
+    assert revisions(head_store) == ["21", FTS_HEAD]
+    before = schema(head_store)
+    invoke("downgrade", "-1", "--db", head_store, "--yes")
+    assert revisions(head_store) == ["21", FTS_EXTERNAL_REVISION]
+    assert schema(head_store) == before
     invoke("downgrade", "-1", "--db", head_store, "--yes")
     assert revisions(head_store) == ["21"]
+    assert current_layout(head_store) == "inline"
     invoke("downgrade", "-1", "--db", head_store, "--yes")
     assert revisions(head_store) == ["20"]
 
 
 def test_branch_relative_and_absolute_targets(head_store: Path, tmp_path: Path) -> None:
     other = Path(shutil.copy(head_store, tmp_path / "other.db"))
-    invoke("downgrade", "fts@-1", "--db", head_store, "--yes")
+    before = schema(head_store)
+    invoke("downgrade", "fts@-1", "--db", head_store, "--yes")  # fts2: nothing on SQLite
+    assert revisions(head_store) == [PREVIOUS_MERGE]
+    assert schema(head_store) == before
+    invoke("downgrade", "fts@-1", "--db", head_store, "--yes")  # fts1: back to inline
     assert revisions(head_store) == [NEWEST]
-    invoke("downgrade", NEWEST, "--db", other, "--yes")  # Alembic's meaning: the merge only
-    head = migrate.script_directory().get_revision(HEAD)
-    assert head is not None
-    assert revisions(other) == sorted(head.down_revision)
+    # Alembic's meaning: what depends on NEWEST, the merges only; the layout's head stays.
+    invoke("downgrade", NEWEST, "--db", other, "--yes")
+    assert revisions(other) == sorted([NEWEST, FTS_HEAD])
+    assert schema(other) == before
     invoke("downgrade", "fts@-1", "--db", other, "--yes")
+    assert revisions(other) == sorted([NEWEST, FTS_EXTERNAL_REVISION])
+    invoke("downgrade", "fts@-1", "--db", other, "--yes")
+    assert revisions(other) == [NEWEST]
     assert schema(other) == schema(head_store)
 
 
@@ -156,9 +228,10 @@ def test_the_bare_alembic_command_takes_the_same_step(head_store: Path, tmp_path
     done = alembic("-x", f"db={head_store}", "downgrade", "-1")
     assert done.returncode == 0, done.stderr
     assert alembic_errors(done) == []
-    assert revisions(head_store) == revisions(through_cli) == [NEWEST]
+    assert revisions(head_store) == revisions(through_cli) == [PREVIOUS_MERGE]
     assert schema(head_store) == schema(through_cli)
-    done = alembic("-x", f"db={head_store}", "downgrade", "-2")
+    # The conversion, then the newest version and the one before.
+    done = alembic("-x", f"db={head_store}", "downgrade", "-3")
     assert done.returncode == 0, done.stderr
     assert revisions(head_store) == [BEFORE_PREVIOUS]
 
@@ -166,21 +239,25 @@ def test_the_bare_alembic_command_takes_the_same_step(head_store: Path, tmp_path
 def test_minus_one_needs_no_double_dash(head_store: Path) -> None:
     for args in (["downgrade", "-1", "--db", head_store], ["downgrade", "--db", head_store, "-1"]):
         invoke(*args, "--yes")
-    assert revisions(head_store) == [PREVIOUS]
+    assert revisions(head_store) == [NEWEST]  # fts2, then fts1
     result = invoke("downgrade", "--yess", "-1", "--db", head_store, expect=2)
     assert "No such option" in result.stderr
-    assert revisions(head_store) == [PREVIOUS]
+    assert revisions(head_store) == [NEWEST]
 
 
 def test_the_confirmation_says_what_each_step_gives_up(head_store: Path) -> None:
     before = schema(head_store)
-    result = invoke("downgrade", "-2", "--db", head_store, input="n\n", expect=1)
+    steps = LAYOUT_STEPS + 1  # the search layout's revisions, then the newest version
+    result = invoke("downgrade", f"-{steps}", "--db", head_store, input="n\n", expect=1)
     prompt = result.output
     lines = [line.strip() for line in prompt.splitlines() if line.strip()]
     assert any(f"from {HEAD} to {PREVIOUS}" in line for line in lines), prompt
     undone = [line for line in lines if line.split()[0] in (*LAYOUT_STEP, NEWEST)]
     assert [line.split()[0] for line in undone] == [*LAYOUT_STEP, NEWEST], prompt
     assert "nothing to undo" in undone[0].lower()
+    # fts2's own downgrade paragraph: what it restores, and that nothing is lost.
+    assert undone[1].split()[0] == FTS_HEAD
+    assert "nothing is lost" in undone[1].lower()
     assert "inline" in undone[-2]  # the search indexes go back to the legacy layout
     assert "lost" in undone[-1]  # the newest version's downgrade drops columns and their values
     assert schema(head_store) == before
@@ -215,6 +292,11 @@ def test_plan_from_every_revision_is_one_step(head_store: Path) -> None:
         ("17", "fts1"),
         ("21", "fts1"),
         (NEWEST, "fts1"),
+        (FTS_HEAD,),
+        ("21", FTS_HEAD),
+        (NEWEST, FTS_HEAD),
+        (PREVIOUS_MERGE,),
+        (PREVIOUS_MERGE, FTS_HEAD),
         (HEAD,),
     ]
     seen = []
@@ -230,7 +312,12 @@ def test_plan_from_every_revision_is_one_step(head_store: Path) -> None:
         (("17", "fts1"), ("17",)),
         (("21", "fts1"), ("21",)),
         ((NEWEST, "fts1"), (NEWEST,)),
-        ((HEAD,), (NEWEST,)),
+        ((FTS_HEAD,), ("fts1",)),
+        (("21", FTS_HEAD), ("21", "fts1")),
+        ((NEWEST, FTS_HEAD), (NEWEST, "fts1")),
+        ((PREVIOUS_MERGE,), (NEWEST,)),
+        ((PREVIOUS_MERGE, FTS_HEAD), (PREVIOUS_MERGE,)),
+        ((HEAD,), (PREVIOUS_MERGE,)),
     ]
 
 
@@ -281,12 +368,17 @@ def test_history_marks_the_revision_an_unversioned_store_corresponds_to(tmp_path
 def test_on_postgresql_minus_one_is_the_same_step(pg_url: str) -> None:
     invoke("upgrade", "--db", pg_url)
     data = json.loads(invoke("downgrade", "-1", "--db", pg_url, "--yes", "--json").stdout)
-    assert (data["from"], data["to"]) == (HEAD, NEWEST)
-    assert [step["revision"] for step in data["undone"]] == LAYOUT_STEP
-    done = alembic("-x", f"db={pg_url}", "downgrade", "-1")
+    assert (data["from"], data["to"]) == (HEAD, PREVIOUS_MERGE)
+    assert [step["revision"] for step in data["undone"]] == FIRST_STEP
+    # On PostgreSQL fts2 is a change of its own: the stored words go, fts1's index is back.
+    assert json.loads(invoke("current", "--db", pg_url, "--json").stdout)["fts_layout"] == (
+        "expression"
+    )
+    done = alembic("-x", f"db={pg_url}", "downgrade", "-2")  # fts1, then the newest version
     assert done.returncode == 0, done.stderr
     assert json.loads(invoke("current", "--db", pg_url, "--json").stdout)["revision"] == PREVIOUS
     line = one_line_error(invoke("downgrade", f"-{PREVIOUS}", "--db", pg_url, "--yes", expect=None))
-    assert f"has {STEPS - 2} step(s) to undo" in line  # 17 to the one before the newest
+    # 17 to the one before the newest
+    assert f"has {len(APP_VERSIONS) - 1} step(s) to undo" in line
     invoke("upgrade", "--db", pg_url)
     assert json.loads(invoke("current", "--db", pg_url, "--json").stdout)["revision"] == HEAD

@@ -466,7 +466,8 @@ def scan_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def scan_reference(scan_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
-    """The scan's store converted (revisions 21 and fts1): what a finished upgrade gives."""
+    """The scan's store converted (revisions 21 and the search layout's head): what a
+    finished `upgrade --app-version 21` gives."""
     path = copy_store(scan_template, tmp_path_factory.mktemp("scan-ref") / "state.db")
     migrate.upgrade(str(path), app_version=21)
     with contextlib.closing(sqlite3.connect(path)) as conn:

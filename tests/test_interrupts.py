@@ -259,14 +259,15 @@ def test_while_freeing_the_copies_it_says_the_upgrade_is_done_and_what_is_left(
 # --------------------------------------------------------------------------------------
 
 
-def test_a_downgrade_interrupted_in_its_second_step_says_what_is_left(
+def test_a_downgrade_interrupted_in_a_later_step_says_what_is_left(
     legacy_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     migrate.upgrade(str(legacy_store))
     module = migrate.script_directory().get_revision("30").module
     interrupt_at(monkeypatch, module, "downgrade", run_first=True)
-    line = interrupted(invoke("downgrade", "-2", "--db", legacy_store, "--yes"))
-    # -2 from head: the merge and fts1 were undone, then 30 was interrupted.
+    line = interrupted(invoke("downgrade", "-3", "--db", legacy_store, "--yes"))
+    # -3 from head: the search layout's two steps (fts2, then the conversion fts1, each
+    # with the merge above it) were undone, then 30, the third step, was interrupted.
     assert "during the downgrade of revision 30, which was rolled back whole" in line
     assert f"the store is at revision 30 (it was at revision {HEAD})" in line
     assert f"run `hermes-store downgrade -1 --db {legacy_store}` to finish" in line

@@ -20,6 +20,7 @@ from migration_support import legacy_corpus_store
 
 from hermes_store import migrate
 from hermes_store.cli import main, progress
+from hermes_store.revisions import fts_head_revision
 
 #: Control sequences a terminal is drawn with (colour, cursor movement, erasing).
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -75,7 +76,7 @@ def on_a_terminal(*args: str | Path) -> tuple[int, str, str]:
 def test_an_upgrade_on_a_terminal_shows_each_phase(legacy_store: Path) -> None:
     status, out, screen = on_a_terminal("upgrade", "--db", legacy_store)
     assert status == 0, screen
-    assert "-> merge_30_fts1" in out
+    assert f"-> {migrate.head_revision()}" in out
     seen = drawn(screen)
     for phase in (
         "adopting legacy schema 21",
@@ -129,7 +130,9 @@ def test_downgrade_optimize_and_optimize_storage_show_progress_and_json_does_not
     assert "800/800 rows" in seen or "800 rows" in seen, seen
     seen = drawn(invoke("optimize", "--db", legacy_store, "--vacuum").stderr)
     assert "vacuuming" in seen, seen
-    seen = drawn(invoke("downgrade", "fts@-1", "--db", legacy_store, "--yes").stderr)
+    # The search layout back to inline: its head (fts2), then the conversion (fts1).
+    seen = drawn(invoke("downgrade", "fts@-2", "--db", legacy_store, "--yes").stderr)
+    assert f"undoing revision {fts_head_revision()}" in seen, seen
     assert "undoing revision fts1" in seen, seen
     assert invoke("upgrade", "--db", legacy_store, "--json").stderr == ""
     assert invoke("optimize", "--db", legacy_store, "--json").stderr == ""

@@ -17,6 +17,7 @@ from sqlalchemy.exc import OperationalError
 
 from alembic import op
 from hermes_store import migrate
+from hermes_store.revisions import fts_head_revision
 
 SESSIONS = [
     {"id": "s1", "source": "cli", "started_at": 1.0, "input_tokens": 5},
@@ -191,7 +192,9 @@ def test_a_failing_conversion_leaves_the_inline_indexes_intact(
         monkeypatch.setattr(module, "_set_marker", crash)
 
     with pytest.raises(SimulatedCrash):
-        migrate.upgrade(str(path), app_version=21)  # the conversion is the only step
+        # The conversion is the only step that changes the store (fts2 after it changes
+        # nothing on SQLite, and never runs: the conversion failed).
+        migrate.upgrade(str(path), app_version=21)
 
     # The swap did happen inside the transaction, in place (no copy left) ...
     assert converted == [
@@ -220,7 +223,7 @@ def test_a_failing_conversion_leaves_the_inline_indexes_intact(
     assert _search(path, "messages_fts", "croissant") == [4]
 
     monkeypatch.undo()  # a later real upgrade completes
-    assert migrate.upgrade(str(path), app_version=21).after == ("21", "fts1")
+    assert migrate.upgrade(str(path), app_version=21).after == ("21", fts_head_revision())
     assert _one(path, "SELECT version FROM schema_version") == [(21,)]
     tables = {row[0] for row in _one(path, "SELECT name FROM sqlite_master WHERE type='table'")}
     assert not {"messages_fts_content", "messages_fts_trigram_content"} & tables

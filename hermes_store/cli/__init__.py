@@ -54,7 +54,8 @@ COMMANDS: dict[str, Entry] = {
         "schema",
         "downgrade",
         "Take a store back: REVISION is -N (N steps), an id from `hermes-store history`, an "
-        f"application version ({app_version_range()}), fts@-1 (the search layout only) or base.",
+        f"application version ({app_version_range()}), fts@-N (steps of the search layout "
+        "only) or base.",
     ),
     "stamp": Entry(
         "schema",

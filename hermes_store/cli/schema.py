@@ -210,23 +210,26 @@ def downgrade(
     as_json: bool,
 ) -> None:
     """Take a store back: REVISION is -N (N steps), an id from `hermes-store history`,
-    an application version ({app_versions}), fts@-1 (the search layout only) or base.
+    an application version ({app_versions}), fts@-N (steps of the search layout only) or
+    base.
 
     One step is the newest revision of the store that changes it, in the order `upgrade`
-    applies them (the application's schema versions, then the search layout): -1 from the
-    head undoes the search layout (the merge revision above it changes nothing and goes with
-    it), -1 again undoes the application's newest version, and so on. A revision id or
-    version means what it means to Alembic: every revision that depends on it is undone
-    (from the head, 21 leaves 21 and fts1). Asks first, listing what each undone revision
-    gives up, unless --yes. Each revision's downgrade runs in its own transaction. `base`
-    (or every step) drops every table: on a store holding conversations it is refused unless
-    --yes --i-know-this-deletes-data are both given. Take a --backup first.
+    applies them (the application's schema versions, then the search layout's revisions):
+    -1 from the head undoes the search layout's newest revision, fts2 (on SQLite it changes
+    nothing; the merge revision above it changes nothing either and goes with it), -1 again
+    the conversion fts1 (the search indexes back to inline), -1 again the application's
+    newest version, and so on. A revision id or version means what it means to Alembic:
+    every revision that depends on it is undone (from the head, 21 leaves 21 and fts2).
+    Asks first, listing what each undone revision gives up, unless --yes. Each revision's
+    downgrade runs in its own transaction. `base` (or every step) drops every table: on a
+    store holding conversations it is refused unless --yes --i-know-this-deletes-data are
+    both given. Take a --backup first.
 
     \b
     Examples:
       hermes-store downgrade -1 --db state.db --backup ~/state-before-downgrade.db
       hermes-store downgrade 21 --db state.db      # the application's schema 21
-      hermes-store downgrade fts@-1 --db state.db --yes   # search indexes back to inline
+      hermes-store downgrade fts@-2 --db state.db --yes   # search indexes back to inline
     """
     if overwrite_backup and backup_to is None:
         raise click.UsageError("--overwrite-backup only goes with --backup PATH")

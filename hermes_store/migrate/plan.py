@@ -263,10 +263,11 @@ def plan_downgrade(heads: Sequence[str], target: str) -> DowngradePlan:
 
     ``-N`` undoes N steps. One step is the newest revision of the store that changes it, in
     :func:`upgrade_order` (the application's schema versions, then the search layout): from
-    the merge head that is fts1, with the merge above it, which changes nothing and is
-    never a step of its own. ``BRANCH@-N`` takes the steps on that branch only (``fts@-1``).
-    Every other target (``base``, a revision id, an application version, ``fts@17``) means
-    what it means to Alembic: every revision of the store that depends on it is undone.
+    the merge head that is the search layout's newest revision (fts2), with the merge above
+    it, which changes nothing and is never a step of its own; then fts1 with its merge.
+    ``BRANCH@-N`` takes the steps on that branch only (``fts@-1``). Every other target
+    (``base``, a revision id, an application version, ``fts@17``) means what it means to
+    Alembic: every revision of the store that depends on it is undone.
     Raises UnknownRevision (a name this package lacks) or StoreError (nothing to undo).
     """
     check_revision(target)
