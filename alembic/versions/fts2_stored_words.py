@@ -155,6 +155,18 @@ def _lock_timeout(value: str) -> str:
     return before
 
 
+def _sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error, also when an engine's error handler raised its
+    own error from it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        state = getattr(getattr(seen, "orig", seen), "sqlstate", None)
+        if state:
+            return str(state)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _locked(sql: str) -> None:
     """Run a statement that needs `messages`' lock, waiting at most LOCK_TIMEOUT at a time
     (so the agent's writes never queue longer behind it), trying again while a long
@@ -166,8 +178,8 @@ def _locked(sql: str) -> None:
             try:
                 bind.execute(sa.text(sql))
                 return
-            except sa.exc.DBAPIError as exc:
-                if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
+            except Exception as exc:  # the driver's error, or what an engine made of it
+                if _sqlstate(exc) != "55P03":  # lock_not_available
                     raise
                 time.sleep(min(0.05 * (attempt + 1), 1.0))
         raise RuntimeError(

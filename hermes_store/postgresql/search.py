@@ -51,11 +51,13 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
+    column,
     func,
     literal,
     literal_column,
     null,
     select,
+    table,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, REGCONFIG, TSQUERY, TSVECTOR
 from sqlalchemy.engine import Connection, Engine
@@ -158,6 +160,10 @@ def _words(stored: bool) -> ColumnElement[Any]:
     return func.hermes_search_words(_document(), type_=TSVECTOR)
 
 
+#: `messages` as rank reads the stored words of a ranked hit.
+_RANKED_WORDS = table("messages", column("id", Integer), column(WORDS_COLUMN, TSVECTOR)).alias(
+    "ranked_words"
+)
 #: The words revision fts2 stores in `messages` (PostgreSQL's alone: not an ORM column).
 _STORED_WORDS = literal_column(f"{M.name}.{WORDS_COLUMN}", type_=TSVECTOR)
 
@@ -352,17 +358,52 @@ def _ranked(
         # ids and sizes only, no text), by rank; older matches after them, newest first.
         # CASE evaluates the rank of those rows only.
         newest = M.c.id.desc()
-        statement = _select(condition, filters, visibility=True).add_columns(
-            *rank_inputs,
-            func.row_number().over(order_by=newest).label("recency"),
-            func.sum(_bytes()).over(order_by=newest, rows=(None, 0)).label("volume"),
-        )
+        thin = not rank_inputs and not documents
+        if thin:
+            # Every match sorted by id with its id and size only (the size computed before
+            # the sort, so that no text goes through it).
+            sizes = (
+                _select(condition, filters, visibility=True)
+                .with_only_columns(M.c.id, _bytes().label("size"))
+                .cte("matches")
+                .prefix_with("MATERIALIZED")
+            )
+            by_id = sizes.c.id.desc()
+            statement = select(
+                sizes.c.id,
+                func.row_number().over(order_by=by_id).label("recency"),
+                func.sum(sizes.c.size).over(order_by=by_id, rows=(None, 0)).label("volume"),
+            )
+        else:
+            statement = _select(condition, filters, visibility=True).add_columns(
+                *rank_inputs,
+                func.row_number().over(order_by=newest).label("recency"),
+                func.sum(_bytes()).over(order_by=newest, rows=(None, 0)).label("volume"),
+            )
         hits = statement.subquery("hits")
         in_window = and_(
             hits.c.recency <= bindparam("rank_window", type_=Integer),
             hits.c.volume <= bindparam("rank_bytes", type_=Integer),
         )
         windowed = case((in_window, rank_of(hits.c)), else_=null())
+        order = (
+            windowed.label("hit_rank"),
+            case((in_window, hits.c.id), else_=-hits.c.id).label("hit_order"),
+        )
+        if thin:
+            # The page's order from the thin rows, then the page's columns: read for its
+            # rows only.
+            ordered = select(hits.c.id, *order).order_by(order[0].desc().nulls_last(), order[1])
+            ordered, _ = _paged(ordered, page)
+            chosen = ordered.subquery("page")
+            outer = (
+                select(M.c.id, *RESULT_COLUMNS)
+                .select_from(
+                    chosen.join(M, M.c.id == chosen.c.id).join(S, S.c.id == M.c.session_id)
+                )
+                .order_by(chosen.c.hit_rank.desc().nulls_last(), chosen.c.hit_order)
+            )
+            return outer, _ranked_values(sort, page)
         outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
             windowed.desc().nulls_last(), case((in_window, hits.c.id), else_=-hits.c.id)
         )
@@ -415,15 +456,20 @@ def word_statement(
     # ts_rank_cd (cover density) with normalisation 1: divided by 1 + log(document
     # length), as BM25 favours short documents; cheaper than ts_rank on long texts.
     def rank_of(hits: Any) -> ColumnElement[float]:
-        words = (
-            hits[WORDS_COLUMN]
-            if stored
-            else func.hermes_search_words(_document(hits), type_=TSVECTOR)
-        )
+        if stored:  # read for the rows rank reads only (the window), not carried along
+            words: ColumnElement[Any] = (
+                select(_RANKED_WORDS.c.search_words)
+                .where(_RANKED_WORDS.c.id == hits.id)
+                .scalar_subquery()
+            )
+        else:
+            words = func.hermes_search_words(_document(hits), type_=TSVECTOR)
         return func.ts_rank_cd(words, query, literal(1, Integer), type_=Float)
 
-    inputs = (_STORED_WORDS.label(WORDS_COLUMN),) if stored else _TEXT_COLUMNS
-    statement, values = _ranked(condition, filters, sort, page, rank_of, inputs)
+    # The stored words are cheap to test again: the matches are read in the scan that
+    # finds them, and no row carries its words through the sort of every match.
+    inputs = () if stored else _TEXT_COLUMNS
+    statement, values = _ranked(condition, filters, sort, page, rank_of, inputs, alone=not stored)
     return statement, {**_filter_values(filters), **binds.values, **values}
 
 
