@@ -16,6 +16,11 @@ the demo corpus, legacy inline, then `hermes-store upgrade`):
    the original store: the latency ratio, and for each query whether the hits are the
    same messages (every hit, by id; the writer's new messages, which only the hot store
    holds, left out).
+5. Last, what the hot file can shrink to: its bytes after `hermes-store optimize
+   --vacuum` (which an operator runs with the agent stopped). The archive run's own
+   steps give back free pages, but FTS5 keeps a deleted row's index entries (as delete
+   markers) until its segments are merged, so much of the index's space is only free
+   after that merge.
 
 The figure of a query class is the median over ``--rounds`` rounds of the sum of its
 queries' times (``limit`` 20, as the application searches). Run for the figure of
@@ -135,20 +140,25 @@ def _queries() -> list[tuple[str, str]]:
     return [(cls, q) for cls, queries in workloads.QUERY_CLASSES.items() for q in queries]
 
 
-def latency(store: Any, rounds: int) -> dict[str, float]:
-    """Per query class: the median over ``rounds`` of the sum of its queries' times (ms),
-    after one warm-up round."""
-    sums: dict[str, list[float]] = {cls: [] for cls in workloads.QUERY_CLASSES}
+def latency(stores: dict[str, Any], rounds: int) -> dict[str, dict[str, float]]:
+    """Per store and query class: the median over ``rounds`` of the sum of the class's
+    queries' times (ms), after one warm-up round; the stores interleaved query by query."""
+    sums = {name: {cls: [] for cls in workloads.QUERY_CLASSES} for name in stores}
     for round_ in range(rounds + 1):
-        spent = dict.fromkeys(workloads.QUERY_CLASSES, 0.0)
+        spent = {name: dict.fromkeys(workloads.QUERY_CLASSES, 0.0) for name in stores}
         for cls, query in _queries():
-            began = time.perf_counter()
-            store.search(query, limit=PAGE)
-            spent[cls] += time.perf_counter() - began
+            for name, store in stores.items():
+                began = time.perf_counter()
+                store.search(query, limit=PAGE)
+                spent[name][cls] += time.perf_counter() - began
         if round_:
-            for cls, seconds in spent.items():
-                sums[cls].append(seconds * 1000)
-    return {cls: round(statistics.median(values), 3) for cls, values in sums.items()}
+            for name, classes in spent.items():
+                for cls, seconds in classes.items():
+                    sums[name][cls].append(seconds * 1000)
+    return {
+        name: {cls: round(statistics.median(values), 3) for cls, values in classes.items()}
+        for name, classes in sums.items()
+    }
 
 
 def every_hit(store: Any, query: str, limit: int) -> list[int]:
@@ -265,18 +275,20 @@ def run(
         last_id = int(conn.execute("SELECT max(id) FROM messages").fetchone()[0])
         auto_vacuum = int(conn.execute("PRAGMA auto_vacuum").fetchone()[0])
     with Store.open(str(hot)) as store:
-        before_ms = latency(store, rounds)
+        before_ms = latency({"hot": store}, rounds)["hot"]
     bytes_before = file_bytes(hot)
     archived = archive_under_writer(hot, archive, cutoff.before)
     bytes_after = file_bytes(hot)
     checkpoint(hot)
     bytes_after_checkpoint = file_bytes(hot)
     with Store.open(str(hot)) as store:
-        after_ms = latency(store, rounds)
+        after_ms = latency({"hot": store}, rounds)["hot"]
     with Store.open(str(original)) as plain, Store.open(str(hot), archives=[str(archive)]) as both:
-        original_ms = latency(plain, rounds)
-        with_archive_ms = latency(both, rounds)
+        against = latency({"original": plain, "with_archive": both}, rounds)
         hits = compare_hits(plain, both, last_id + 1, last_id)
+    # Last, as an operator would with the agent stopped: what the file can shrink to.
+    vacuum(hot)
+    bytes_after_vacuum = file_bytes(hot)
     return {
         "messages": cutoff.of_messages,
         "share_asked": share,
@@ -292,12 +304,14 @@ def run(
         "hot_bytes_after_checkpoint": bytes_after_checkpoint,
         "hot_ratio": round(bytes_after / bytes_before, 4),
         "hot_ratio_after_checkpoint": round(bytes_after_checkpoint / bytes_before, 4),
+        "hot_bytes_after_optimize_vacuum": bytes_after_vacuum,
+        "hot_ratio_after_optimize_vacuum": round(bytes_after_vacuum / bytes_before, 4),
         "archive_bytes": file_bytes(archive),
         "search_ms": {
             "hot_before": before_ms,
             "hot_after": after_ms,
-            "original": original_ms,
-            "with_archive": with_archive_ms,
+            "original": against["original"],
+            "with_archive": against["with_archive"],
         },
         "hits": hits,
         "rounds": rounds,
@@ -332,6 +346,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"| hot file + wal after (MiB) | {result['hot_bytes_after'] / mib:.1f} |",
         f"| hot after ÷ before | {result['hot_ratio']:.3f} |",
         f"| hot after a checkpoint ÷ before | {result['hot_ratio_after_checkpoint']:.3f} |",
+        f"| hot after `optimize --vacuum` (agent stopped) ÷ before | "
+        f"{result['hot_ratio_after_optimize_vacuum']:.3f} |",
         f"| free pages left for `optimize --vacuum` (MiB) | "
         f"{a['vacuum_needed_bytes'] / mib:.1f} (auto_vacuum {result['auto_vacuum']}) |",
         f"| archive file (MiB) | {result['archive_bytes'] / mib:.1f} |",
