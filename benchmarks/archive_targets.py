@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -264,30 +265,43 @@ def run(
     original's copy and the archive. ``vacuum_first``: `optimize --vacuum` it first."""
     from hermes_store.store import Store
 
-    if vacuum_first:
-        vacuum(hot)
-    checkpoint(hot)
-    original = folder / "original.db"
-    archive = folder / "archive.db"
-    copy_store(hot, original)
-    cutoff = choose_cutoff(hot, share)
-    with contextlib.closing(sqlite3.connect(original)) as conn:
-        last_id = int(conn.execute("SELECT max(id) FROM messages").fetchone()[0])
-        auto_vacuum = int(conn.execute("PRAGMA auto_vacuum").fetchone()[0])
-    with Store.open(str(hot)) as store:
+    phases: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:
+        began = time.monotonic()
+        yield
+        phases[name] = round(phases.get(name, 0.0) + time.monotonic() - began, 1)
+
+    with phase("prepare"):
+        if vacuum_first:
+            vacuum(hot)
+        checkpoint(hot)
+        original = folder / "original.db"
+        archive = folder / "archive.db"
+        copy_store(hot, original)
+        cutoff = choose_cutoff(hot, share)
+        with contextlib.closing(sqlite3.connect(original)) as conn:
+            last_id = int(conn.execute("SELECT max(id) FROM messages").fetchone()[0])
+            auto_vacuum = int(conn.execute("PRAGMA auto_vacuum").fetchone()[0])
+    with phase("search timed"), Store.open(str(hot)) as store:
         before_ms = latency({"hot": store}, rounds)["hot"]
     bytes_before = file_bytes(hot)
-    archived = archive_under_writer(hot, archive, cutoff.before)
+    with phase("archive"):
+        archived = archive_under_writer(hot, archive, cutoff.before)
     bytes_after = file_bytes(hot)
     checkpoint(hot)
     bytes_after_checkpoint = file_bytes(hot)
-    with Store.open(str(hot)) as store:
+    with phase("search timed"), Store.open(str(hot)) as store:
         after_ms = latency({"hot": store}, rounds)["hot"]
     with Store.open(str(original)) as plain, Store.open(str(hot), archives=[str(archive)]) as both:
-        against = latency({"original": plain, "with_archive": both}, rounds)
-        hits = compare_hits(plain, both, last_id + 1, last_id)
+        with phase("search timed"):
+            against = latency({"original": plain, "with_archive": both}, rounds)
+        with phase("hits compared"):
+            hits = compare_hits(plain, both, last_id + 1, last_id)
     # Last, as an operator would with the agent stopped: what the file can shrink to.
-    vacuum(hot)
+    with phase("optimize --vacuum"):
+        vacuum(hot)
     bytes_after_vacuum = file_bytes(hot)
     return {
         "messages": cutoff.of_messages,
@@ -315,6 +329,7 @@ def run(
         },
         "hits": hits,
         "rounds": rounds,
+        "phase_seconds": phases,
     }
 
 
