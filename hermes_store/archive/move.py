@@ -36,16 +36,18 @@ from hermes_store.archive.rows import (
     OWNED_TABLES,
     BatchRows,
     delete_rows,
+    insert_rows,
     owned_condition,
+    present,
     prompt_condition,
     read_batch,
     write_batch,
 )
+from hermes_store.archive.shape import has
+from hermes_store.archive.shape import table as copied_table
 from hermes_store.archive.stores import Side
 from hermes_store.archive.verify import Sums, batch_sums, differences
-from hermes_store.copy.tables import copied_table
 from hermes_store.copy.tablesum import RowHasher, TableChecksum, table_sum
-from hermes_store.copy.write import insert_rows
 from hermes_store.errors import ArchiveRefused
 
 __all__ = ["CHUNK_MESSAGES", "STEP_HOOK", "Moved", "Mover", "held_sessions", "reached"]
@@ -145,7 +147,7 @@ def _check_rest(conn: Connection, ids: Sequence[str], copied: Sums, messages_lef
     _locked_sessions(conn, ids)
     if _new_children(conn, ids):
         raise _Changed
-    for name in _OTHER_TABLES:
+    for name in present(_OTHER_TABLES):
         table = copied_table(name)
         check = table_sum(conn, table, owned_condition(table, ids))
         if (check.rows, check.hexdigest()) != copied[name]:
@@ -481,9 +483,12 @@ class Mover:
 
             def last(conn: Connection, left: list[int] = remaining) -> dict[str, int]:
                 _check_rest(conn, ids, copied, len(left))
-                prompts = table_sum(conn, copied_table("system_prompts"), prompt_condition(hashes))
-                if (prompts.rows, prompts.hexdigest()) != copied["system_prompts"]:
-                    raise _Changed
+                if has("system_prompts"):
+                    prompts = table_sum(
+                        conn, copied_table("system_prompts"), prompt_condition(hashes)
+                    )
+                    if (prompts.rows, prompts.hexdigest()) != copied["system_prompts"]:
+                        raise _Changed
                 _delete_messages(conn, left, expected)
                 deleted = delete_rows(conn, ids, hashes)
                 if any(deleted[name] != copied[name][0] for name in _OTHER_TABLES):
