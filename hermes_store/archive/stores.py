@@ -106,9 +106,10 @@ def _check_revision(conn: Connection, url: str, option: str) -> None:
     head = head_revision()
     if found == (head,):
         return
-    if option == "--db" and len(found) == 2 and fts_head_revision() in found:
-        (app,) = [rev for rev in found if rev != fts_head_revision()]
-        if is_app_version(app):
+    if option == "--db" and fts_head_revision() in found:
+        apps = [rev for rev in found if rev != fts_head_revision()]
+        # At 17 the search layout's head alone: its branch starts at 17.
+        if not apps or (len(apps) == 1 and is_app_version(apps[0])):
             return
     shown = display_url(url)
     known = {rev.revision for rev in script_directory().walk_revisions()}
