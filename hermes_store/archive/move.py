@@ -43,7 +43,7 @@ from hermes_store.archive.rows import (
     read_batch,
     write_batch,
 )
-from hermes_store.archive.shape import has
+from hermes_store.archive.shape import has, moved_columns
 from hermes_store.archive.shape import table as copied_table
 from hermes_store.archive.stores import Side
 from hermes_store.archive.verify import Sums, batch_sums, differences
@@ -266,6 +266,9 @@ class Mover:
             "hashes": rows.hashes,
             "sums": rows.sums(),
         }
+        columns = moved_columns()
+        if columns is not None:
+            marker["columns"] = columns
         if self.dst is self.hot and rows.count("messages") > CHUNK_MESSAGES:
             return self._copy_in_chunks(rows, marker, high)
         self.write(self.src, lambda conn: put_marker(conn, marker))

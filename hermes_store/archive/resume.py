@@ -4,13 +4,17 @@ The two markers (``hermes_store.archive.marker``) say how far it got: the first 
 alone, the copy never committed (the marker is cleared); both, the copy committed (it is
 finished: a chunked copy completed, then the first store checked and its rows deleted,
 or the copy taken back when they changed); the second store's alone, the delete
-committed (the marker is cleared).
+committed (the marker is cleared). It is finished over the columns the marker says the
+batch was read with (the hot store may have been upgraded since).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from hermes_store.archive.marker import clear_marker, read_marker
 from hermes_store.archive.move import Moved, Mover, held_sessions
+from hermes_store.archive.shape import narrowed, using
 from hermes_store.archive.stores import Side
 from hermes_store.errors import ArchiveRefused
 
@@ -42,6 +46,21 @@ def finish_in_flight(first: Side, second: Side, hot: Side, moved: Moved) -> None
         )
     marker = mine if mine is not None else theirs
     assert marker is not None
+    with using(narrowed(hot.shape, marker.get("columns"))):
+        _finish(marker, mine, theirs, sides, first, hot, moved)
+
+
+def _finish(
+    marker: dict[str, Any],
+    mine: dict[str, Any] | None,
+    theirs: dict[str, Any] | None,
+    sides: dict[str, Side],
+    first: Side,
+    hot: Side,
+    moved: Moved,
+) -> None:
+    """Finish the batch of ``marker`` (``mine``: as ``first`` records it; ``theirs``: as
+    the other store does), over the columns it was read with."""
     src, dst = sides[marker["from"]], sides[marker["to"]]
     at_src = mine if src is first else theirs
     at_dst = theirs if src is first else mine

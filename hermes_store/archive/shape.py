@@ -33,6 +33,8 @@ __all__ = [
     "has",
     "leave",
     "lost_values",
+    "moved_columns",
+    "narrowed",
     "reflect",
     "table",
     "using",
@@ -94,6 +96,35 @@ def enter(shape: Shape | None) -> Token[Shape | None]:
 
 def leave(token: Token[Shape | None]) -> None:
     _SHAPE.reset(token)
+
+
+def moved_columns() -> dict[str, list[str]] | None:
+    """The columns the run moves, by table (None outside a run): a batch's marker keeps
+    them, so that the run that finishes it sums the same columns."""
+    shape = _SHAPE.get()
+    if shape is None:
+        return None
+    return {name: [c.name for c in found.columns] for name, found in shape.tables.items()}
+
+
+def narrowed(shape: Shape | None, columns: dict[str, list[str]] | None) -> Shape | None:
+    """``shape`` cut to the columns a batch's marker names (what its checksums are over):
+    a batch in flight is finished over the columns it was read with, though the hot store
+    was upgraded since."""
+    if shape is None or columns is None:
+        return shape
+    metadata = MetaData()
+    cut = Shape()
+    for name, found in shape.tables.items():
+        if name not in columns:
+            continue
+        kept = [
+            Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+            for c in found.columns
+            if c.name in columns[name]
+        ]
+        cut.tables[name] = Table(name, metadata, *kept)
+    return cut
 
 
 def has(name: str) -> bool:
