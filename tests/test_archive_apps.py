@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from legacy.build import build_legacy_store, system_prompt_hash
 
 from hermes_store import migrate
+from hermes_store.archive import archive_sessions, criterion, move
 from hermes_store.cli import main
 from hermes_store.store import Store
 
@@ -299,3 +300,47 @@ def test_a_hot_store_at_an_older_search_layout_is_refused(tmp_path: Path) -> Non
     assert len(said.splitlines()) == 1
     assert "--app-version" in said
     assert not (tmp_path / "a.db").exists()
+
+
+class _Stopped(Exception):
+    """The run stopped between the copy and the delete."""
+
+
+def _stop_at(step: str) -> Any:
+    def hook(name: str) -> None:
+        if name == step:
+            raise _Stopped
+
+    return hook
+
+
+@pytest.mark.parametrize("upgraded", [None, 30], ids=["same-version", "upgraded-meanwhile"])
+def test_a_batch_stopped_after_its_copy_is_finished_by_the_next_run(
+    upgraded: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hot = build_hot(tmp_path / "state.db", 21)
+    archive = tmp_path / "archive.db"
+    before = {sid: app_reads(hot, sid) for sid in ("old-root", "old-child", "old-alone")}
+    monkeypatch.setattr(move, "STEP_HOOK", _stop_at("verified"))
+    with pytest.raises(_Stopped):
+        archive_sessions(str(hot), str(archive), criterion(before=BEFORE))
+    monkeypatch.setattr(move, "STEP_HOOK", None)
+    if upgraded is not None:
+        # The operator upgrades the hot store before running the command again: from 25 on
+        # its prompts move into system_prompts, so the batch's rows there changed.
+        migrate.upgrade(str(hot), app_version=upgraded)
+    done = _cli("archive", "--db", hot, "--to", archive, "--before", BEFORE)
+    assert done.exit_code == 0, done.output
+    # Every session in exactly one store, as the application wrote it.
+    held_hot, held_archive = _sessions(hot), _sessions(archive)
+    assert held_hot.isdisjoint(held_archive)
+    assert held_hot | held_archive == {"old-root", "old-child", "old-alone", "recent", "open"}
+    assert held_archive == {"old-root", "old-child", "old-alone"}
+    for sid, texts in before.items():
+        assert app_reads(archive, sid) == texts
+    _check(hot)
+    _check(archive)
+    with _connect(hot) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM state_meta WHERE key LIKE 'hermes_store.archive%'"
+        ).fetchone() == (0,)
