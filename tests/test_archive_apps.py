@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from legacy.build import build_legacy_store, system_prompt_hash
+from sqlalchemy import create_engine, text
 
 from hermes_store import migrate
 from hermes_store.archive import archive_sessions, criterion, move
@@ -344,3 +345,49 @@ def test_a_batch_stopped_after_its_copy_is_finished_by_the_next_run(
         assert conn.execute(
             "SELECT count(*) FROM state_meta WHERE key LIKE 'hermes_store.archive%'"
         ).fetchone() == (0,)
+
+
+@pytest.mark.postgresql
+def test_a_postgresql_hot_store_at_21_archives_and_restores(pg_url: str, tmp_path: Path) -> None:
+    migrate.upgrade(pg_url, app_version=21)
+    engine = create_engine(pg_url)
+    try:
+        with engine.begin() as conn:
+            for sid, at in (("old-root", OLD), ("recent", RECENT)):
+                conn.execute(
+                    text(
+                        "INSERT INTO sessions (id, source, started_at, ended_at, system_prompt) "
+                        "VALUES (:id, 'cli', :at, :end, :prompt)"
+                    ),
+                    {"id": sid, "at": at, "end": at + 100, "prompt": PROMPT},
+                )
+                conn.execute(
+                    text(
+                        "INSERT INTO messages (session_id, role, content, timestamp) "
+                        "VALUES (:id, 'user', 'pelicanfjord on postgresql', :at)"
+                    ),
+                    {"id": sid, "at": at + 10},
+                )
+            before = conn.execute(text("SELECT version FROM schema_version")).scalar_one()
+    finally:
+        engine.dispose()
+    archive = tmp_path / "archive.db"
+    done = _cli("archive", "--db", pg_url, "--to", archive, "--before", BEFORE)
+    assert done.exit_code == 0, done.output
+    assert _sessions(archive) == {"old-root"}
+    assert app_reads(archive, "old-root") == ["pelicanfjord on postgresql"]
+    for store in (pg_url, archive):
+        assert _cli("check", "--db", store).exit_code == 0
+    done = _cli("restore", "old-root", "--db", pg_url, "--from", archive)
+    assert done.exit_code == 0, done.output
+    assert _sessions(archive) == set()
+    engine = create_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            held = set(conn.scalars(text("SELECT id FROM sessions")))
+            version = conn.execute(text("SELECT version FROM schema_version")).scalar_one()
+    finally:
+        engine.dispose()
+    assert held == {"old-root", "recent"}
+    assert version == before == 21
+    assert _cli("check", "--db", pg_url).exit_code == 0
