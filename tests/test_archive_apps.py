@@ -315,9 +315,13 @@ def _stop_at(step: str) -> Any:
     return hook
 
 
-@pytest.mark.parametrize("upgraded", [None, 30], ids=["same-version", "upgraded-meanwhile"])
+@pytest.mark.parametrize(
+    ("upgraded", "pinned"),
+    [(None, False), (30, False), (24, False), (24, True)],
+    ids=["same-version", "upgraded-to-30", "upgraded-to-24", "upgraded-to-24-and-pinned"],
+)
 def test_a_batch_stopped_after_its_copy_is_finished_by_the_next_run(
-    upgraded: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    upgraded: int | None, pinned: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hot = build_hot(tmp_path / "state.db", 21)
     archive = tmp_path / "archive.db"
@@ -330,6 +334,11 @@ def test_a_batch_stopped_after_its_copy_is_finished_by_the_next_run(
         # The operator upgrades the hot store before running the command again: from 25 on
         # its prompts move into system_prompts, so the batch's rows there changed.
         migrate.upgrade(str(hot), app_version=upgraded)
+    if pinned:
+        # ... and the application at 24 pins one of the batch's sessions: a value the copy,
+        # read at 21, has no column for.
+        with _connect(hot) as conn, conn:
+            conn.execute("UPDATE sessions SET pinned = 1 WHERE id = 'old-root'")
     done = _cli("archive", "--db", hot, "--to", archive, "--before", BEFORE)
     assert done.exit_code == 0, done.output
     # Every session in exactly one store, as the application wrote it.
@@ -339,6 +348,8 @@ def test_a_batch_stopped_after_its_copy_is_finished_by_the_next_run(
     assert held_archive == {"old-root", "old-child", "old-alone"}
     for sid, texts in before.items():
         assert app_reads(archive, sid) == texts
+    if pinned:
+        assert _scalar(archive, "SELECT pinned FROM sessions WHERE id = 'old-root'") == 1
     _check(hot)
     _check(archive)
     with _connect(hot) as conn:

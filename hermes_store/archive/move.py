@@ -428,7 +428,7 @@ class Mover:
         try:
             deleted = self.write(self.src, delete)
         except _Changed:
-            self._take_back(marker, copied)
+            self.take_back(marker, copied)
             return False
         reached("deleted")
         self.write(self.dst, lambda conn: clear_marker(conn, token))
@@ -503,7 +503,7 @@ class Mover:
             deleted = self.write(self.src, last)
         except _Changed:
             self._give_back_messages(ids, expected)
-            self._take_back(marker, copied)
+            self.take_back(marker, copied)
             return False
         deleted["messages"] = deleted_messages + len(remaining)
         reached("deleted")
@@ -542,7 +542,7 @@ class Mover:
 
             self._chunk_write(self.src, put_back)
 
-    def _take_back(self, marker: dict[str, Any], copied: Sums) -> None:
+    def take_back(self, marker: dict[str, Any], copied: Sums) -> None:
         """Delete a batch's copy from ``dst`` (with its marker), then ``src``'s marker; a
         copy that was written to since (both stores changed) is left, and refused."""
         ids: list[str] = marker["sessions"]

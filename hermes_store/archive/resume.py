@@ -14,7 +14,8 @@ from typing import Any
 
 from hermes_store.archive.marker import clear_marker, read_marker
 from hermes_store.archive.move import Moved, Mover, held_sessions
-from hermes_store.archive.shape import narrowed, using
+from hermes_store.archive.rows import OWNED_TABLES
+from hermes_store.archive.shape import Shape, lost_values, narrowed, using
 from hermes_store.archive.stores import Side
 from hermes_store.errors import ArchiveRefused
 
@@ -46,8 +47,18 @@ def finish_in_flight(first: Side, second: Side, hot: Side, moved: Moved) -> None
         )
     marker = mine if mine is not None else theirs
     assert marker is not None
-    with using(narrowed(hot.shape, marker.get("columns"))):
-        _finish(marker, mine, theirs, sides, first, hot, moved)
+    cut = narrowed(hot.shape, marker.get("columns"))
+    with using(cut):
+        _finish(marker, mine, theirs, sides, first, hot, moved, cut)
+
+
+def _gained(hot: Side, cut: Shape | None, ids: list[str]) -> bool:
+    """Whether the batch's rows in the hot store hold a value beyond the columns it was
+    read with (``cut``): the hot store was upgraded since, and written to."""
+    if cut is None or hot.shape is None or cut is hot.shape:
+        return False
+    with hot.reading() as conn:
+        return bool(lost_values(conn, cut, OWNED_TABLES, ids, read=hot.shape))
 
 
 def _finish(
@@ -58,9 +69,10 @@ def _finish(
     first: Side,
     hot: Side,
     moved: Moved,
+    cut: Shape | None,
 ) -> None:
     """Finish the batch of ``marker`` (``mine``: as ``first`` records it; ``theirs``: as
-    the other store does), over the columns it was read with."""
+    the other store does), over the columns it was read with (``cut``)."""
     src, dst = sides[marker["from"]], sides[marker["to"]]
     at_src = mine if src is first else theirs
     at_dst = theirs if src is first else mine
@@ -70,6 +82,16 @@ def _finish(
         if at_dst.get("copying"):
             mover.resume_copy(at_dst)
             at_dst = {key: value for key, value in at_dst.items() if key != "copying"}
+        if src is hot and _gained(src, cut, ids) and not at_src.get("deleting"):
+            # The hot store was upgraded since, and the application wrote to a column (or
+            # table) the copy has no value of: the copy is taken back, the batch stays.
+            copied = {name: (int(n), str(h)) for name, (n, h) in at_dst["sums"].items()}
+            mover.take_back(at_dst, copied)
+            moved.resumed = (
+                f"took back the batch of {len(ids)} sessions a stopped run had copied to "
+                f"{dst.shown} (they changed since)"
+            )
+            return
         done = mover.finish({**at_dst, "deleting": bool(at_src.get("deleting"))})
         moved.resumed = (
             f"finished the batch of {len(ids)} sessions a stopped run had copied to {dst.shown}"

@@ -165,20 +165,36 @@ def _default(model: Column[Any]) -> Any:
     return text
 
 
-def lost_values(conn: Connection, shape: Shape, owned: Sequence[str], ids: Sequence[str]) -> str:
-    """Where a row of the sessions ``ids`` in the store of ``conn`` (the archive) holds a
-    value the hot store of ``shape`` has no column (or table) for, other than the column's
-    default: "table.column (session 'id')"; "" when there is none."""
+def lost_values(
+    conn: Connection,
+    shape: Shape,
+    owned: Sequence[str],
+    ids: Sequence[str],
+    *,
+    read: Shape | None = None,
+) -> str:
+    """Where a row of the sessions ``ids`` in the store of ``conn`` (the archive; or a
+    store of the shape ``read``) holds a value ``shape`` has no column (or table) for,
+    other than the column's default: "table.column (session 'id')"; "" when there is
+    none."""
     from hermes_store.archive.rows import owned_condition, session_of
 
     for name in owned:
-        missing = [c for c in shape.missing(name) if (name, c) not in DERIVED_COLUMNS]
+        have = copied_table(name) if read is None else read.tables.get(name)
+        if have is None:
+            continue
+        kept = shape.tables.get(name)
+        missing = [
+            c.name
+            for c in have.columns
+            if (kept is None or c.name not in kept.c) and (name, c.name) not in DERIVED_COLUMNS
+        ]
         if not missing:
             continue
         model = copied_table(name)
-        query = select(*model.columns).where(owned_condition(model, ids))
+        query = select(*have.columns).where(owned_condition(have, ids))
         for row in conn.execute(query):
-            if name not in shape.tables:
+            if kept is None:
                 sid = session_of(name, row, ids)
                 return f"{name}, a table the hot store lacks (session {sid!r})"
             for col in missing:
