@@ -3,7 +3,8 @@ back, losing nothing.
 
 `archive_sessions(hot, to, rule)` moves every session tree of the hot store that
 qualifies (``select``: whole trees, ended, older than the cutoff or flagged archived, not
-in use) into the archive, an ordinary store at head (created when missing);
+in use) into the archive, an ordinary store at head (created when missing; the hot
+store is at head or at an application version with the search layout at head);
 `restore_session(session_id, hot, from_)` brings one tree back. Both move in batches of
 whole trees (``move``): copied into the other store and verified there by checksums of
 the batch's rows (``verify``), checked again in the first store under its write lock, then
@@ -12,7 +13,8 @@ chunks of messages), with pauses. The marker (``marker``) in each store records 
 in flight, so that after a kill at any instant the next run finishes or takes back that
 batch (``resume``): every session ends in exactly one store. Which rows belong to a
 session, and which are shared, is ``rows``; opening and checking the two stores,
-``stores``; one run's order of steps, ``run``.
+``stores``; the hot store's own tables and columns, which a run moves (it may be at an
+older application version), ``shape``; one run's order of steps, ``run``.
 """
 
 from hermes_store.archive.move import Moved

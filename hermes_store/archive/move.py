@@ -36,16 +36,18 @@ from hermes_store.archive.rows import (
     OWNED_TABLES,
     BatchRows,
     delete_rows,
+    insert_rows,
     owned_condition,
+    present,
     prompt_condition,
     read_batch,
     write_batch,
 )
+from hermes_store.archive.shape import has, moved_columns
+from hermes_store.archive.shape import table as copied_table
 from hermes_store.archive.stores import Side
 from hermes_store.archive.verify import Sums, batch_sums, differences
-from hermes_store.copy.tables import copied_table
 from hermes_store.copy.tablesum import RowHasher, TableChecksum, table_sum
-from hermes_store.copy.write import insert_rows
 from hermes_store.errors import ArchiveRefused
 
 __all__ = ["CHUNK_MESSAGES", "STEP_HOOK", "Moved", "Mover", "held_sessions", "reached"]
@@ -145,7 +147,7 @@ def _check_rest(conn: Connection, ids: Sequence[str], copied: Sums, messages_lef
     _locked_sessions(conn, ids)
     if _new_children(conn, ids):
         raise _Changed
-    for name in _OTHER_TABLES:
+    for name in present(_OTHER_TABLES):
         table = copied_table(name)
         check = table_sum(conn, table, owned_condition(table, ids))
         if (check.rows, check.hexdigest()) != copied[name]:
@@ -264,6 +266,9 @@ class Mover:
             "hashes": rows.hashes,
             "sums": rows.sums(),
         }
+        columns = moved_columns()
+        if columns is not None:
+            marker["columns"] = columns
         if self.dst is self.hot and rows.count("messages") > CHUNK_MESSAGES:
             return self._copy_in_chunks(rows, marker, high)
         self.write(self.src, lambda conn: put_marker(conn, marker))
@@ -423,7 +428,7 @@ class Mover:
         try:
             deleted = self.write(self.src, delete)
         except _Changed:
-            self._take_back(marker, copied)
+            self.take_back(marker, copied)
             return False
         reached("deleted")
         self.write(self.dst, lambda conn: clear_marker(conn, token))
@@ -481,9 +486,12 @@ class Mover:
 
             def last(conn: Connection, left: list[int] = remaining) -> dict[str, int]:
                 _check_rest(conn, ids, copied, len(left))
-                prompts = table_sum(conn, copied_table("system_prompts"), prompt_condition(hashes))
-                if (prompts.rows, prompts.hexdigest()) != copied["system_prompts"]:
-                    raise _Changed
+                if has("system_prompts"):
+                    prompts = table_sum(
+                        conn, copied_table("system_prompts"), prompt_condition(hashes)
+                    )
+                    if (prompts.rows, prompts.hexdigest()) != copied["system_prompts"]:
+                        raise _Changed
                 _delete_messages(conn, left, expected)
                 deleted = delete_rows(conn, ids, hashes)
                 if any(deleted[name] != copied[name][0] for name in _OTHER_TABLES):
@@ -495,7 +503,7 @@ class Mover:
             deleted = self.write(self.src, last)
         except _Changed:
             self._give_back_messages(ids, expected)
-            self._take_back(marker, copied)
+            self.take_back(marker, copied)
             return False
         deleted["messages"] = deleted_messages + len(remaining)
         reached("deleted")
@@ -534,7 +542,7 @@ class Mover:
 
             self._chunk_write(self.src, put_back)
 
-    def _take_back(self, marker: dict[str, Any], copied: Sums) -> None:
+    def take_back(self, marker: dict[str, Any], copied: Sums) -> None:
         """Delete a batch's copy from ``dst`` (with its marker), then ``src``'s marker; a
         copy that was written to since (both stores changed) is left, and refused."""
         ids: list[str] = marker["sessions"]

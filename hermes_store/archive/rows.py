@@ -31,9 +31,10 @@ from sqlalchemy import (
     select,
 )
 
-from hermes_store.copy.tables import copied_table
+from hermes_store.archive.shape import has
+from hermes_store.archive.shape import table as copied_table
 from hermes_store.copy.tablesum import TableChecksum
-from hermes_store.copy.write import insert_rows
+from hermes_store.copy.write import insert_rows as _insert_copied
 
 __all__ = [
     "DELEGATION_LINKS",
@@ -42,10 +43,13 @@ __all__ = [
     "SHARED_TABLES",
     "BatchRows",
     "delete_rows",
+    "insert_rows",
     "owned_condition",
+    "present",
     "prompt_condition",
     "read_batch",
     "row_bytes",
+    "session_of",
     "write_batch",
 ]
 
@@ -91,16 +95,41 @@ def _in(column: Any, values: Sequence[Any]) -> ColumnElement[bool]:
     return found
 
 
+def present(names: Sequence[str]) -> list[str]:
+    """The tables of ``names`` the run moves (those the hot store has)."""
+    return [name for name in names if has(name)]
+
+
 def owned_condition(table: Table, ids: Sequence[str]) -> ColumnElement[bool]:
     """The rows of an owned table that belong to the sessions ``ids``."""
     if table.name == "async_delegations":
-        return or_(*(_in(table.c[name], ids) for name in DELEGATION_LINKS))
+        links = [name for name in DELEGATION_LINKS if name in table.c]
+        return or_(*(_in(table.c[name], ids) for name in links))
     return _in(table.c[_SESSION_COLUMN[table.name]], ids)
+
+
+def session_of(name: str, row: Any, ids: Sequence[str]) -> str:
+    """The session of ``ids`` a row of the owned table ``name`` belongs to."""
+    if name == "async_delegations":
+        named = [getattr(row, link, None) for link in DELEGATION_LINKS]
+        return next((str(sid) for sid in named if sid in ids), str(named[0]))
+    return str(getattr(row, _SESSION_COLUMN[name]))
 
 
 def prompt_condition(hashes: Sequence[str]) -> ColumnElement[bool]:
     """The system prompts of these hashes."""
+    if not has("system_prompts"):
+        return false()
     return _in(copied_table("system_prompts").c.hash, hashes)
+
+
+def insert_rows(conn: Connection, table: Table, rows: Sequence[Row[Any]]) -> None:
+    """Insert ``rows`` as they are; messages without a display order column get the one
+    the store's trigger gives them (the hot store's application has none)."""
+    if table.name == "messages" and "display_order" not in table.c:
+        conn.execute(table.insert(), [dict(row._mapping) for row in rows])
+        return
+    _insert_copied(conn, table, rows)
 
 
 def row_bytes(row: Sequence[Any]) -> int:
@@ -140,15 +169,21 @@ class BatchRows:
         """(rows, checksum) of each owned table's rows and of the prompts."""
         found: dict[str, tuple[int, str]] = {}
         for name in OWNED_TABLES:
-            check = TableChecksum(copied_table(name))
-            for row in self.owned.get(name, []):
-                check.add(row)
-            found[name] = (check.rows, check.hexdigest())
-        check = TableChecksum(copied_table("system_prompts"))
-        for row in self.prompts:
-            check.add(row)
-        found["system_prompts"] = (check.rows, check.hexdigest())
+            rows = self.owned.get(name, [])
+            found[name] = _sum(name, rows)
+        found["system_prompts"] = _sum("system_prompts", self.prompts)
         return found
+
+
+def _sum(name: str, rows: Sequence[Row[Any]]) -> tuple[int, str]:
+    """(rows, checksum) of rows of the table ``name``; a table the hot store lacks holds
+    none."""
+    if not has(name):
+        return (0, f"{0:064x}")
+    check = TableChecksum(copied_table(name))
+    for row in rows:
+        check.add(row)
+    return (check.rows, check.hexdigest())
 
 
 def _parents_first(rows: Iterable[Row[Any]]) -> list[Row[Any]]:
@@ -170,11 +205,16 @@ def read_batch(conn: Connection, ids: Sequence[str]) -> BatchRows:
     """Every row the sessions ``ids`` own in the store of ``conn``, and their prompts."""
     batch = BatchRows(sorted(ids))
     for name in OWNED_TABLES:
+        if not has(name):
+            batch.owned[name] = []
+            continue
         table = copied_table(name)
         key = list(table.primary_key.columns)
         query = select(*table.columns).where(owned_condition(table, batch.ids)).order_by(*key)
         rows = list(conn.execute(query))
         batch.owned[name] = _parents_first(rows) if name == "sessions" else rows
+    if not has("system_prompts") or "system_prompt_hash" not in copied_table("sessions").c:
+        return batch
     hashes = sorted({row.system_prompt_hash for row in batch.owned["sessions"]} - {None})
     prompts = copied_table("system_prompts")
     batch.prompts = list(
@@ -188,11 +228,12 @@ def read_batch(conn: Connection, ids: Sequence[str]) -> BatchRows:
 def write_batch(conn: Connection, batch: BatchRows) -> None:
     """Insert a batch's rows as they are (ids kept), parents first; a prompt the store
     already holds is kept as it is."""
-    prompts = copied_table("system_prompts")
-    held = set(conn.scalars(select(prompts.c.hash).where(prompt_condition(batch.hashes))))
-    missing = [row for row in batch.prompts if row.hash not in held]
-    if missing:
-        insert_rows(conn, prompts, missing)
+    if batch.prompts:
+        prompts = copied_table("system_prompts")
+        held = set(conn.scalars(select(prompts.c.hash).where(prompt_condition(batch.hashes))))
+        missing = [row for row in batch.prompts if row.hash not in held]
+        if missing:
+            insert_rows(conn, prompts, missing)
     for name in OWNED_TABLES:
         rows = batch.owned.get(name, [])
         if rows:
@@ -204,6 +245,9 @@ def delete_rows(conn: Connection, ids: Sequence[str], hashes: Sequence[str]) -> 
     ``hashes`` no session left in the store refers to. Returns the rows deleted by table."""
     deleted: dict[str, int] = {}
     for name in reversed(OWNED_TABLES):
+        if not has(name):
+            deleted[name] = 0
+            continue
         table = copied_table(name)
         if name == "sessions":
             # Children first: the parent link is checked at each statement.
@@ -214,8 +258,11 @@ def delete_rows(conn: Connection, ids: Sequence[str], hashes: Sequence[str]) -> 
             deleted[name] = total
             continue
         deleted[name] = conn.execute(table.delete().where(owned_condition(table, ids))).rowcount
-    prompts = copied_table("system_prompts")
     sessions = copied_table("sessions")
+    if not has("system_prompts") or "system_prompt_hash" not in sessions.c:
+        deleted["system_prompts"] = 0
+        return deleted
+    prompts = copied_table("system_prompts")
     referred = exists().where(sessions.c.system_prompt_hash == prompts.c.hash)
     deleted["system_prompts"] = conn.execute(
         prompts.delete().where(prompt_condition(hashes), ~referred)

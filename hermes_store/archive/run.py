@@ -17,7 +17,7 @@ from hermes_store.archive.move import (
     Mover,
 )
 from hermes_store.archive.resume import finish_in_flight
-from hermes_store.archive.rows import read_batch
+from hermes_store.archive.rows import OWNED_TABLES, read_batch
 from hermes_store.archive.select import (
     Criterion,
     Tree,
@@ -26,6 +26,7 @@ from hermes_store.archive.select import (
     still_qualifies,
     tree_of,
 )
+from hermes_store.archive.shape import enter, leave, lost_values
 from hermes_store.archive.stores import Side, open_pair
 from hermes_store.errors import ArchiveRefused, DiskFull, Interrupted
 
@@ -191,6 +192,7 @@ def archive_sessions(
         "archive", src.shown, dst.shown if dst is not None else to, dry_run, rule.as_dict()
     )
     result.created_archive = dst is not None and dst.created
+    shaped = enter(src.shape)
     try:
         result.bytes_before = _size(src)
         if dry_run:
@@ -225,6 +227,7 @@ def archive_sessions(
     except KeyboardInterrupt as exc:
         raise _stopped(result.moved) from exc
     finally:
+        leave(shaped)
         src.dispose()
         if dst is not None:
             dst.dispose()
@@ -293,6 +296,7 @@ def restore_session(
     dst, src = open_pair(hot, from_, other_option="--from", create_other=False)
     assert src is not None
     result = MoveResult("restore", dst.shown, src.shown, dry_run, None)
+    shaped = enter(dst.shape)
     try:
         result.bytes_before = _size(src)
         if dry_run:
@@ -318,6 +322,17 @@ def restore_session(
                     f"session {session_id!r} cannot be restored: {refused[0]} (a session of "
                     "its tree); nothing was changed"
                 )
+            if dst.shape is not None:
+                with src.reading() as conn:
+                    lost = lost_values(conn, dst.shape, OWNED_TABLES, tree.sessions)
+                if lost:
+                    raise ArchiveRefused(
+                        f"session {session_id!r} cannot be restored into --db {dst.shown}: "
+                        f"its tree holds a value in {lost}, which the hot store's schema "
+                        "has no place for and would lose; upgrade the hot store (`hermes-store "
+                        "upgrade --app-version N`, N the version that has it). Nothing was "
+                        "changed"
+                    )
             result.trees, result.sessions, result.messages = 1, len(tree.sessions), tree.messages
             if dry_run:
                 result.bytes = _bytes(src, [tree])
@@ -332,6 +347,7 @@ def restore_session(
     except KeyboardInterrupt as exc:
         raise _stopped(result.moved) from exc
     finally:
+        leave(shaped)
         src.dispose()
         dst.dispose()
     result.seconds = time.perf_counter() - started

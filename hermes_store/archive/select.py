@@ -30,8 +30,9 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from hermes_store.archive.rows import DELEGATION_LINKS, owned_condition
-from hermes_store.copy.tables import copied_table
+from hermes_store.archive.rows import DELEGATION_LINKS, owned_condition, present
+from hermes_store.archive.shape import column, has
+from hermes_store.archive.shape import table as copied_table
 from hermes_store.errors import ArchiveRefused
 
 __all__ = ["Criterion", "Selection", "Tree", "conflicts", "criterion", "select_trees", "tree_of"]
@@ -201,7 +202,7 @@ def _read_facts(conn: Connection, now: float) -> _Facts:
             sessions_t.c.id,
             sessions_t.c.parent_session_id,
             sessions_t.c.ended_at,
-            sessions_t.c.last_activity_at,
+            column(sessions_t, "last_activity_at"),
             sessions_t.c.archived,
         )
     ).all()
@@ -223,24 +224,42 @@ def _read_facts(conn: Connection, now: float) -> _Facts:
         if row.parent_session_id is not None:
             links.join(row.id, row.parent_session_id)
     blocked: dict[str, str] = {}
-    delegations = copied_table("async_delegations")
-    for link in conn.execute(
-        select(*(delegations.c[name] for name in DELEGATION_LINKS), delegations.c.completed_at)
+    _delegations(conn, sessions, links, blocked)
+    for name, key in (
+        ("compression_locks", "session_id"),
+        ("session_turn_leases", "conversation_id"),
     ):
+        if not has(name):
+            continue
+        table = copied_table(name)
+        for sid, expires in conn.execute(select(table.c[key], table.c.expires_at)):
+            if sid in sessions and expires is not None and float(expires) > now:
+                blocked.setdefault(sid, IN_USE)
+    _routes(conn, sessions, blocked)
+    return _Facts(sessions, activity, counts, links, blocked)
+
+
+def _delegations(
+    conn: Connection, sessions: dict[str, Any], links: _Links, blocked: dict[str, str]
+) -> None:
+    """Join the sessions each delegation names; block those of one still running."""
+    if not has("async_delegations"):
+        return
+    delegations = copied_table("async_delegations")
+    named_columns = [column(delegations, name) for name in DELEGATION_LINKS]
+    for link in conn.execute(select(*named_columns, delegations.c.completed_at)):
         named = [sid for sid in link[: len(DELEGATION_LINKS)] if sid in sessions]
         for other in named[1:]:
             links.join(named[0], other)
         if link.completed_at is None:
             for sid in named:
                 blocked.setdefault(sid, DELEGATING)
-    for name, column in (
-        ("compression_locks", "session_id"),
-        ("session_turn_leases", "conversation_id"),
-    ):
-        table = copied_table(name)
-        for sid, expires in conn.execute(select(table.c[column], table.c.expires_at)):
-            if sid in sessions and expires is not None and float(expires) > now:
-                blocked.setdefault(sid, IN_USE)
+
+
+def _routes(conn: Connection, sessions: dict[str, Any], blocked: dict[str, str]) -> None:
+    """Block the sessions a gateway route names."""
+    if not has("gateway_routing"):
+        return
     routing = copied_table("gateway_routing")
     for (entry,) in conn.execute(select(routing.c.entry_json)):
         try:
@@ -249,7 +268,6 @@ def _read_facts(conn: Connection, now: float) -> _Facts:
             continue
         for sid in named_ids & sessions.keys():
             blocked.setdefault(sid, ROUTED)
-    return _Facts(sessions, activity, counts, links, blocked)
 
 
 def _parents_first(ids: Sequence[str], facts: _Facts) -> tuple[str, ...]:
@@ -367,12 +385,11 @@ def still_qualifies(batch: Any, rule: Criterion, now: float) -> bool:
             if not row.archived:
                 return False
             continue
-        times = [
-            t for t in (newest.get(row.id), row.ended_at, row.last_activity_at) if t is not None
-        ]
+        last = getattr(row, "last_activity_at", None)
+        times = [t for t in (newest.get(row.id), row.ended_at, last) if t is not None]
         if rule.cutoff is not None and max(float(t) for t in times) >= rule.cutoff:
             return False
-    for name in ("compression_locks", "session_turn_leases"):
+    for name in present(("compression_locks", "session_turn_leases")):
         if any(float(row.expires_at) > now for row in batch.owned.get(name, [])):
             return False
     return all(row.completed_at is not None for row in batch.owned.get("async_delegations", []))

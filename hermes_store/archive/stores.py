@@ -1,6 +1,9 @@
 """The two stores of an archive run, opened and checked before anything is written.
 
-Each is an ordinary store at this hermes-store's head: the hot store must exist; an
+The archive is an ordinary store at this hermes-store's head; the hot store is at head
+or at an application version this package covers with the search layout at its head
+(`hermes-store upgrade --app-version N`), and its tables and columns are reflected
+(``shape``: a run moves those). The hot store must exist; an
 archive that does not exist yet (a missing or empty file, an empty database) is created
 the way `hermes-store upgrade --create` creates a store, its file private (0600), then
 given incremental auto-vacuum where its database has vacuum modes, so that a restore's
@@ -18,13 +21,20 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine, inspect
 
 from hermes_store import migrate
+from hermes_store.archive.shape import Shape, reflect
 from hermes_store.backend import Backend, backend_for
 from hermes_store.copy.marker import source_name
 from hermes_store.copy.source import same_store
 from hermes_store.copy.tables import revisions
 from hermes_store.engine import create_store_engine, db_path, display_url, resolve_url, to_url
 from hermes_store.errors import ArchiveRefused, NotADatabase, StoreError, StoreNotFound
-from hermes_store.revisions import head_revision, script_directory
+from hermes_store.revisions import (
+    LAST_APP_VERSION,
+    fts_head_revision,
+    head_revision,
+    is_app_version,
+    script_directory,
+)
 from hermes_store.sqlite.engine import side_files
 
 __all__ = ["Side", "open_pair"]
@@ -42,6 +52,8 @@ class Side:
     writer: Engine
     backend: Backend
     created: bool = False
+    #: The hot store's tables and columns (see ``shape``); set on the hot store's side.
+    shape: Shape | None = None
 
     @property
     def shown(self) -> str:
@@ -87,11 +99,18 @@ def _refuse_same(hot: str, other: str, option: str) -> None:
 
 
 def _check_revision(conn: Connection, url: str, option: str) -> None:
-    """Refuse a store that is not at this hermes-store's head."""
+    """Refuse a store that is not at this hermes-store's head; the hot store (``--db``)
+    may instead be at an application version this package covers with the search layout
+    at its head (`hermes-store upgrade --app-version N`)."""
     found = revisions(conn)
     head = head_revision()
     if found == (head,):
         return
+    if option == "--db" and fts_head_revision() in found:
+        apps = [rev for rev in found if rev != fts_head_revision()]
+        # At 17 the search layout's head alone: its branch starts at 17.
+        if not apps or (len(apps) == 1 and is_app_version(apps[0])):
+            return
     shown = display_url(url)
     known = {rev.revision for rev in script_directory().walk_revisions()}
     if found and any(rev not in known for rev in found):
@@ -100,6 +119,13 @@ def _check_revision(conn: Connection, url: str, option: str) -> None:
             "not know (a newer one wrote it); upgrade hermes-store. Nothing was changed"
         )
     where = ", ".join(found) if found else "no hermes-store revision"
+    if option == "--db":
+        raise ArchiveRefused(
+            f"--db {shown} is at {where}: the hot store must be at head ({head}), or at an "
+            "application version with the search layout at its head; run `hermes-store "
+            f"upgrade --db {shown} --app-version N` (N the application's version, up to "
+            f"{LAST_APP_VERSION}) on it first. Nothing was changed"
+        )
     raise ArchiveRefused(
         f"{option} {shown} is at {where}, not at head ({head}); run `hermes-store upgrade "
         f"--db {shown}` on it first. Nothing was changed"
@@ -171,6 +197,12 @@ def open_pair(
     _refuse_same(hot_url, other_url, other_option)
     first = _open_side(hot_url, "--db", create=False)
     assert first is not None
+    try:
+        with first.reading() as conn:
+            first.shape = reflect(conn)
+    except BaseException:
+        first.dispose()
+        raise
     try:
         second = _open_side(
             other_url, other_option, create=create_other and not missing_ok, missing_ok=missing_ok
