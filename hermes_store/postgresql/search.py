@@ -59,7 +59,7 @@ from sqlalchemy import (
     select,
     table,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, REGCONFIG, TSQUERY, TSVECTOR
+from sqlalchemy.dialects.postgresql import ARRAY, TSVECTOR
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -77,6 +77,7 @@ from hermes_store.postgresql.substrings import (
     shape,
     trigram_condition,
 )
+from hermes_store.postgresql.tsquery import Binds, tsquery_of
 from hermes_store.prepared import Connections
 from hermes_store.search.context import (
     CONTENT_JSON_PREFIX,
@@ -91,14 +92,9 @@ from hermes_store.search.pipeline import Found, Plan
 from hermes_store.search.query import (
     TRIGRAM_INDEX,
     WORD_INDEX,
-    And,
     Highlight,
-    Near,
     Node,
-    Not,
     Nothing,
-    Or,
-    Phrase,
     QuerySyntaxError,
     Route,
     highlight_of,
@@ -106,7 +102,6 @@ from hermes_store.search.query import (
     parse_query,
     route_query,
     simplify,
-    word_tokens,
 )
 from hermes_store.search.schema import (
     RESULT_COLUMNS,
@@ -139,10 +134,6 @@ SNIPPET_MARKS = {"start": ">>>", "end": "<<<", "ellipsis": "..."}
 #: SQLite past its own (larger) limit: the Python tokenizer costs about 1 ms per 4 KB,
 #: FTS5's C nothing like it. With FTS5 the limit is SQLite's (fts5_snippets).
 SNIPPET_EXACT_BYTES = 64 * 1024
-#: Up to this NEAR distance a two-phrase NEAR group is translated exactly (an OR of the
-#: ``<N>`` distances, both orders); beyond, and for three phrases or more, as the AND of
-#: its phrases, a superset (see docs/search.md, "PostgreSQL").
-NEAR_EXACT_DISTANCE = 32
 
 
 def _document(columns: Any = M.c) -> ColumnElement[str]:
@@ -166,84 +157,6 @@ _RANKED_WORDS = table("messages", column("id", Integer), column(WORDS_COLUMN, TS
 )
 #: The words revision fts2 stores in `messages` (PostgreSQL's alone: not an ORM column).
 _STORED_WORDS = literal_column(f"{M.name}.{WORDS_COLUMN}", type_=TSVECTOR)
-
-
-class Binds:
-    """Numbered bound parameters of one statement, and their values."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    def __call__(self, value: str) -> ColumnElement[str]:
-        name = f"q{len(self.values)}"
-        self.values[name] = value
-        return bindparam(name, type_=String)
-
-
-_SIMPLE = literal("simple", REGCONFIG)
-
-
-def _segment(binds: Binds, text: str, prefix: bool) -> ColumnElement[Any]:
-    """One written segment of a phrase as a tsquery, normalised by the documents' functions."""
-    lexemes = func.hermes_search_lexemes(binds(text), type_=String)
-    if not prefix:
-        return func.phraseto_tsquery(_SIMPLE, lexemes, type_=TSQUERY)
-    # 'w1 <-> w2 <-> w3:*': the lexemes are letters and digits only, nothing to quote.
-    words = func.regexp_replace(func.btrim(lexemes), " +", " <-> ", "g", type_=String)
-    return func.to_tsquery(_SIMPLE, words.concat(":*"), type_=TSQUERY)
-
-
-def _phrase(binds: Binds, phrase: Phrase) -> ColumnElement[Any]:
-    """A phrase's segments (``a + "b c"*``) joined by ``<->``; a segment without tokens
-    adds none, as in FTS5."""
-    segments = [_segment(binds, text, prefix) for text, prefix in phrase.text if word_tokens(text)]
-    query = segments[0]
-    for segment in segments[1:]:
-        query = func.tsquery_phrase(query, segment, type_=TSQUERY)
-    return query
-
-
-def _near(binds: Binds, near: Near) -> ColumnElement[Any]:
-    phrases = [_phrase(binds, phrase) for phrase in near.phrases]
-    every = _combine("tsquery_and", phrases)
-    if len(phrases) != 2 or near.distance > NEAR_EXACT_DISTANCE:
-        return every
-    first, second = phrases
-    # FTS5: the later phrase starts at most `distance` tokens after the earlier one ends;
-    # tsquery_phrase(a, b, n): b starts exactly n positions after a's last word.
-    return _combine(
-        "tsquery_or",
-        [
-            func.tsquery_phrase(left, right, literal(gap, Integer), type_=TSQUERY)
-            for gap in range(1, near.distance + 2)
-            for left, right in ((first, second), (second, first))
-        ],
-    )
-
-
-def _combine(function: str, queries: Sequence[ColumnElement[Any]]) -> ColumnElement[Any]:
-    """Queries joined by ``tsquery_and`` (``&&``), ``tsquery_or`` (``||``)..., left to right."""
-    combined = queries[0]
-    for query in queries[1:]:
-        combined = getattr(func, function)(combined, query, type_=TSQUERY)
-    return combined
-
-
-def tsquery_of(node: Node, binds: Binds) -> ColumnElement[Any]:
-    """A simplified query tree (no Nothing in it) as a tsquery expression."""
-    if isinstance(node, Phrase):
-        return _phrase(binds, node)
-    if isinstance(node, Near):
-        return _near(binds, node)
-    if isinstance(node, And):
-        return _combine("tsquery_and", [tsquery_of(operand, binds) for operand in node.operands])
-    if isinstance(node, Or):
-        return _combine("tsquery_or", [tsquery_of(operand, binds) for operand in node.operands])
-    if isinstance(node, Not):  # FTS5's binary NOT: positive && !!negative
-        positive = tsquery_of(node.positive, binds)
-        negative = func.tsquery_not(tsquery_of(node.negative, binds), type_=TSQUERY)
-        return func.tsquery_and(positive, negative, type_=TSQUERY)
-    raise TypeError(f"no tsquery for {type(node).__name__}")
 
 
 # -- the statements ------------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""A parsed query of the word path as a tsquery, normalised by the documents' functions.
+
+The query tree (:mod:`hermes_store.search.query`) becomes a tsquery expression whose words
+the server normalises with the functions revision fts1 defines for the documents:
+``phraseto_tsquery('simple', hermes_search_lexemes(:text))`` for a phrase segment,
+``to_tsquery`` with ``:*`` for a prefix, joined with ``&&``, ``||``, ``!!`` and ``<->`` /
+``<N>``. Values are bound parameters (:class:`Binds`), never spliced into the SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, Integer, String, bindparam, func, literal
+from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY
+
+from hermes_store.search.query import And, Near, Node, Not, Or, Phrase, word_tokens
+
+#: Up to this NEAR distance a two-phrase NEAR group is translated exactly (an OR of the
+#: ``<N>`` distances, both orders); beyond, and for three phrases or more, as the AND of
+#: its phrases, a superset (see docs/search.md, "PostgreSQL").
+NEAR_EXACT_DISTANCE = 32
+
+
+class Binds:
+    """Numbered bound parameters of one statement, and their values."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def __call__(self, value: str) -> ColumnElement[str]:
+        name = f"q{len(self.values)}"
+        self.values[name] = value
+        return bindparam(name, type_=String)
+
+
+_SIMPLE = literal("simple", REGCONFIG)
+
+
+def _segment(binds: Binds, text: str, prefix: bool) -> ColumnElement[Any]:
+    """One written segment of a phrase as a tsquery, normalised by the documents' functions."""
+    lexemes = func.hermes_search_lexemes(binds(text), type_=String)
+    if not prefix:
+        return func.phraseto_tsquery(_SIMPLE, lexemes, type_=TSQUERY)
+    # 'w1 <-> w2 <-> w3:*': the lexemes are letters and digits only, nothing to quote.
+    words = func.regexp_replace(func.btrim(lexemes), " +", " <-> ", "g", type_=String)
+    return func.to_tsquery(_SIMPLE, words.concat(":*"), type_=TSQUERY)
+
+
+def _phrase(binds: Binds, phrase: Phrase) -> ColumnElement[Any]:
+    """A phrase's segments (``a + "b c"*``) joined by ``<->``; a segment without tokens
+    adds none, as in FTS5."""
+    segments = [_segment(binds, text, prefix) for text, prefix in phrase.text if word_tokens(text)]
+    query = segments[0]
+    for segment in segments[1:]:
+        query = func.tsquery_phrase(query, segment, type_=TSQUERY)
+    return query
+
+
+def _near(binds: Binds, near: Near) -> ColumnElement[Any]:
+    phrases = [_phrase(binds, phrase) for phrase in near.phrases]
+    every = _combine("tsquery_and", phrases)
+    if len(phrases) != 2 or near.distance > NEAR_EXACT_DISTANCE:
+        return every
+    first, second = phrases
+    # FTS5: the later phrase starts at most `distance` tokens after the earlier one ends;
+    # tsquery_phrase(a, b, n): b starts exactly n positions after a's last word.
+    return _combine(
+        "tsquery_or",
+        [
+            func.tsquery_phrase(left, right, literal(gap, Integer), type_=TSQUERY)
+            for gap in range(1, near.distance + 2)
+            for left, right in ((first, second), (second, first))
+        ],
+    )
+
+
+def _combine(function: str, queries: Sequence[ColumnElement[Any]]) -> ColumnElement[Any]:
+    """Queries joined by ``tsquery_and`` (``&&``), ``tsquery_or`` (``||``)..., left to right."""
+    combined = queries[0]
+    for query in queries[1:]:
+        combined = getattr(func, function)(combined, query, type_=TSQUERY)
+    return combined
+
+
+def tsquery_of(node: Node, binds: Binds) -> ColumnElement[Any]:
+    """A simplified query tree (no Nothing in it) as a tsquery expression."""
+    if isinstance(node, Phrase):
+        return _phrase(binds, node)
+    if isinstance(node, Near):
+        return _near(binds, node)
+    if isinstance(node, And):
+        return _combine("tsquery_and", [tsquery_of(operand, binds) for operand in node.operands])
+    if isinstance(node, Or):
+        return _combine("tsquery_or", [tsquery_of(operand, binds) for operand in node.operands])
+    if isinstance(node, Not):  # FTS5's binary NOT: positive && !!negative
+        positive = tsquery_of(node.positive, binds)
+        negative = func.tsquery_not(tsquery_of(node.negative, binds), type_=TSQUERY)
+        return func.tsquery_and(positive, negative, type_=TSQUERY)
+    raise TypeError(f"no tsquery for {type(node).__name__}")
+
+
+__all__ = ["NEAR_EXACT_DISTANCE", "Binds", "tsquery_of"]
