@@ -250,13 +250,10 @@ class Backend:
         vacuum: bool | None = None,
         report: Report | None = None,
         progress: Callable[[str], None] | None = None,
-        after_deletes: bool = False,
     ) -> Shown:
         """Give free space back and refresh the store's indexes, without locking the agent
         out unless asked. ``vacuum`` picks a mode (True: full, False: none) where
-        ``features.vacuum_modes``; ``report`` is told each phase, ``progress`` its label.
-        ``after_deletes``: many rows were just deleted (an archive batch moved out), so the
-        indexes' space their entries hold is won back too, still in short steps."""
+        ``features.vacuum_modes``; ``report`` is told each phase, ``progress`` its label."""
         raise NotImplementedError
 
     def finish_deferred(

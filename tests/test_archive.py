@@ -60,11 +60,6 @@ def _cli(*args: str) -> Any:
     return CliRunner().invoke(main, [str(arg) for arg in args], catch_exceptions=False)
 
 
-def _scalar(path: Path, sql: str) -> Any:
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        return conn.execute(sql).fetchone()[0]
-
-
 def _check(path: Path) -> None:
     done = _cli("check", "--db", path)
     assert done.exit_code == 0, done.output
@@ -202,35 +197,6 @@ def test_the_hot_file_shrinks(hot: Path, tmp_path: Path) -> None:
     assert result.bytes_after < result.bytes_before
     assert hot.stat().st_size < size
     assert result.vacuum_needed_bytes == 0
-
-
-def test_the_indexes_give_back_what_the_moved_rows_held(hot: Path, tmp_path: Path) -> None:
-    """Most of a store archived: the search indexes' entries of the moved rows go too (their
-    segments merged across levels, in steps), so the file shrinks with the rows."""
-    with Store.open(str(hot)) as store:
-        for number in range(60):
-            session = f"old-{number}"
-            store.create_session(session, "cli", started_at=1_000_000.0 + number)
-            store.append_messages(
-                session,
-                [
-                    NewMessage(
-                        role="user",
-                        content=" ".join(f"w{(number * 7919 + i * j) % 5000}" for j in range(60)),
-                        timestamp=1e6 + number + i / 100,
-                    )
-                    for i in range(40)
-                ],
-            )
-            store.end_session(session, "done", ended_at=1_000_100.0 + number)
-    assert _cli("optimize", "--db", hot, "--vacuum").exit_code == 0
-    size = hot.stat().st_size
-    index_pages = _scalar(hot, "SELECT count(*) FROM messages_fts_trigram_data")
-    result = archive_sessions(str(hot), str(tmp_path / "a.db"), criterion(older_than="90d"))
-    assert result.messages >= 60 * 40
-    assert _scalar(hot, "SELECT count(*) FROM messages_fts_trigram_data") < index_pages / 4
-    assert hot.stat().st_size < size / 2
-    _check(hot)
 
 
 # -- refusals: one line, nothing changed, non-zero -------------------------------------------

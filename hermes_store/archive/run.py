@@ -124,7 +124,7 @@ def _give_back(side: Side) -> int:
     """The bounded ``optimize`` on the store the rows left: the index segments the deletes
     added merged in short steps, the WAL checkpointed, free pages returned in steps.
     Returns the bytes only a full vacuum could return."""
-    shown = side.backend.optimize(side.reader, vacuum=None, after_deletes=True)
+    shown = side.backend.optimize(side.reader, vacuum=None)
     return int(getattr(shown, "vacuum_needed_bytes", 0))
 
 

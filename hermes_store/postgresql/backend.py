@@ -195,7 +195,6 @@ class PostgreSQLBackend(Backend):
         vacuum: bool | None = None,
         report: Report | None = None,
         progress: Callable[[str], None] | None = None,
-        after_deletes: bool = False,
     ) -> Shown:
         """GIN pending lists cleaned, then VACUUM (ANALYZE) of each of the store's tables:
         no mode to pick, no lock-out."""

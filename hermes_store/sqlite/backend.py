@@ -187,14 +187,11 @@ class SQLiteBackend(Backend):
         vacuum: bool | None = None,
         report: Report | None = None,
         progress: Callable[[str], None] | None = None,
-        after_deletes: bool = False,
     ) -> Shown:
         """FTS5 merges, a WAL checkpoint, and free pages returned (in steps, or by VACUUM)."""
         from hermes_store.sqlite.maintenance import optimize
 
-        return optimize(
-            engine, vacuum=vacuum, report=report, progress=progress, after_deletes=after_deletes
-        )
+        return optimize(engine, vacuum=vacuum, report=report, progress=progress)
 
     def finish_deferred(
         self,

@@ -182,7 +182,6 @@ def optimize(
     vacuum: bool | None = True,
     progress: Progress | None = None,
     report: Report | None = None,
-    after_deletes: bool = False,
 ) -> OptimizeResult:
     """Merge every FTS index, checkpoint the WAL, give free pages back to the file system;
     remove the hidden partial copies killed backups left in the store's directory.
@@ -195,10 +194,6 @@ def optimize(
     incremental merge; not into a single segment), and free pages
     are returned VACUUM_STEP_PAGES at a time when the store uses incremental auto-vacuum
     (otherwise ``vacuum_needed`` says how much only a full VACUUM can return).
-    ``after_deletes`` (bounded runs): each step is FTS5's 'merge' with a negative page count,
-    which merges segments of every level (an incremental 'optimize'), so that the entries of
-    rows just deleted go and their pages are freed; the positive form merges only where a
-    level has enough segments and frees nothing of them.
     ``vacuum=False``: merge and checkpoint only. ``report`` is told each phase as it starts
     (and how far the counted ones got); ``progress``, the label of each new phase.
     Interrupted, it raises Interrupted saying what was kept and what is left.
@@ -214,7 +209,7 @@ def optimize(
 
     tracker = Tracker(both)
     try:
-        return _optimize(engine, vacuum, tracker, after_deletes=after_deletes)
+        return _optimize(engine, vacuum, tracker)
     except KeyboardInterrupt as exc:
         raise Interrupted(_interrupted(engine, vacuum, tracker.last)) from exc
 
@@ -237,9 +232,7 @@ def _interrupted(engine: Engine, vacuum: bool | None, phase: Phase | None) -> st
     return f"interrupted while {doing}: {kept}{left}; run `{finish}` to finish"
 
 
-def _optimize(
-    engine: Engine, vacuum: bool | None, say: Tracker, *, after_deletes: bool = False
-) -> OptimizeResult:
+def _optimize(engine: Engine, vacuum: bool | None, say: Tracker) -> OptimizeResult:
     path = db_path(str(engine.url))
     require_writable(path)
     before = _on_disk(path)
@@ -272,7 +265,7 @@ def _optimize(
                     with _writing(conn, locks):  # waits for the agent's write lock
                         optimize_index(conn, name)
                 else:
-                    _merge_in_steps(conn, name, locks, say, across_levels=after_deletes)
+                    _merge_in_steps(conn, name, locks, say)
         # Checkpoint and VACUUM must run outside any transaction: use the driver directly
         # (the engine leaves it in autocommit mode; SQLAlchemy would wrap them in BEGIN).
         raw = engine.raw_connection()
@@ -326,22 +319,19 @@ def _timed(locks: list[float]) -> Iterator[None]:
         locks.append(time.perf_counter() - started)
 
 
-def _merge_in_steps(
-    conn: Connection, name: str, locks: list[float], say: Report, *, across_levels: bool = False
-) -> None:
+def _merge_in_steps(conn: Connection, name: str, locks: list[float], say: Report) -> None:
     """Merge an index's segments in short transactions (FTS5 'merge', MERGE_STEP_PAGES),
     until a step does no work (fewer than 2 changes) or the index's size in steps has been
     spent twice over: the agent's own writes keep adding segments, and this must end."""
     pages = conn.exec_driver_sql(f"SELECT count(*) FROM {name}_data").scalar_one()
     conn.rollback()
     most = 2 * (int(pages) // MERGE_STEP_PAGES) + 8
-    pages_per_step = -MERGE_STEP_PAGES if across_levels else MERGE_STEP_PAGES
     for step in range(most):
         say(Phase("merge", f"merging {name}", step, most, "steps", name))
         with _writing(conn, locks):
             before = conn.exec_driver_sql("SELECT total_changes()").scalar_one()
             conn.exec_driver_sql(
-                f"INSERT INTO {name}({name}, rank) VALUES ('merge', {pages_per_step})"
+                f"INSERT INTO {name}({name}, rank) VALUES ('merge', {MERGE_STEP_PAGES})"
             )
             done = conn.exec_driver_sql("SELECT total_changes()").scalar_one() - before < 2
         if done:
