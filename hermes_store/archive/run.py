@@ -128,6 +128,26 @@ def _give_back(side: Side) -> int:
     return int(getattr(shown, "vacuum_needed_bytes", 0))
 
 
+def _finish(src: Side, result: MoveResult) -> None:
+    """After the batches: the space given back on the store the rows left, and its size."""
+    if result.moved.batches:
+        result.vacuum_needed_bytes = _give_back(src)
+    result.bytes_after = _size(src)
+
+
+def _ended_by(exc: DiskFull | KeyboardInterrupt, result: MoveResult) -> DiskFull | Interrupted:
+    """What a run a full disk or an interrupt stopped says: the command to run again."""
+    return _rerun(exc) if isinstance(exc, DiskFull) else _stopped(result.moved)
+
+
+def _close(shaped: Any, src: Side, dst: Side | None) -> None:
+    """The hot store's shape let go and both stores' engines disposed."""
+    leave(shaped)
+    src.dispose()
+    if dst is not None:
+        dst.dispose()
+
+
 def _rerun(exc: DiskFull) -> DiskFull:
     """A full disk, told with what the run guarantees and the command that finishes it."""
     said = str(exc).split("; the step in progress", 1)[0]
@@ -219,18 +239,11 @@ def archive_sessions(
             assert dst is not None
             _move_all(src, dst, trees, rule, result, batch_messages, progress)
             result.bytes = result.moved.bytes
-        if result.moved.batches:
-            result.vacuum_needed_bytes = _give_back(src)
-        result.bytes_after = _size(src)
-    except DiskFull as exc:
-        raise _rerun(exc) from exc
-    except KeyboardInterrupt as exc:
-        raise _stopped(result.moved) from exc
+        _finish(src, result)
+    except (DiskFull, KeyboardInterrupt) as exc:
+        raise _ended_by(exc, result) from exc
     finally:
-        leave(shaped)
-        src.dispose()
-        if dst is not None:
-            dst.dispose()
+        _close(shaped, src, dst)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -339,16 +352,10 @@ def restore_session(
             else:
                 Mover(src, dst, dst, result.moved).move(list(tree.sessions))
                 result.bytes = result.moved.bytes
-        if result.moved.batches:
-            result.vacuum_needed_bytes = _give_back(src)
-        result.bytes_after = _size(src)
-    except DiskFull as exc:
-        raise _rerun(exc) from exc
-    except KeyboardInterrupt as exc:
-        raise _stopped(result.moved) from exc
+        _finish(src, result)
+    except (DiskFull, KeyboardInterrupt) as exc:
+        raise _ended_by(exc, result) from exc
     finally:
-        leave(shaped)
-        src.dispose()
-        dst.dispose()
+        _close(shaped, src, dst)
     result.seconds = time.perf_counter() - started
     return result
