@@ -181,6 +181,11 @@ class Backend:
         """The file a (resolved) store URL names; None when the database is not a file."""
         raise NotImplementedError
 
+    def side_files(self, path: Path) -> list[Path]:
+        """The files the database keeps beside a store file (a write-ahead log, say): none
+        where the store is not a file."""
+        return []
+
     def classify(self, target: Target) -> StoreState:
         """Where the store is (revisions, legacy schema), read without writing anything."""
         raise NotImplementedError

@@ -35,7 +35,6 @@ from hermes_store.revisions import (
     is_app_version,
     script_directory,
 )
-from hermes_store.sqlite.engine import side_files
 
 __all__ = ["Side", "open_pair"]
 
@@ -90,7 +89,7 @@ def _refuse_same(hot: str, other: str, option: str) -> None:
     if hot_path is None or other_path is None:
         return
     real = Path(os.path.realpath(other_path))
-    for side in side_files(Path(os.path.realpath(hot_path))):
+    for side in backend_for(hot).side_files(Path(os.path.realpath(hot_path))):
         if real == side or real == Path(os.path.realpath(side)):
             raise ArchiveRefused(
                 f"{option} {shown} is {side.name}, a side file of the hot store; name another "

@@ -108,6 +108,11 @@ class SQLiteBackend(Backend):
 
         return db_path(url)
 
+    def side_files(self, path: Path) -> list[Path]:
+        from hermes_store.sqlite.engine import side_files
+
+        return side_files(path)
+
     def classify(self, target: Target) -> StoreState:
         from hermes_store.migrate.adoption import inspect_file
 
