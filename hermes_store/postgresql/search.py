@@ -77,7 +77,7 @@ from hermes_store.postgresql.substrings import (
     shape,
     trigram_condition,
 )
-from hermes_store.postgresql.tsquery import Binds, tsquery_of
+from hermes_store.postgresql.tsquery import Binds, coarse_tsquery_of, positional, tsquery_of
 from hermes_store.prepared import Connections
 from hermes_store.search.context import (
     CONTENT_JSON_PREFIX,
@@ -154,6 +154,10 @@ def _words(stored: bool) -> ColumnElement[Any]:
 #: `messages` as rank reads the stored words of a ranked hit.
 _RANKED_WORDS = table("messages", column("id", Integer), column(WORDS_COLUMN, TSVECTOR)).alias(
     "ranked_words"
+)
+#: `messages` as the exact test of _newest's matches reads their stored words (by ctid).
+_EXACT_WORDS = table("messages", column("ctid"), column(WORDS_COLUMN, TSVECTOR)).alias(
+    "exact_words"
 )
 #: The words revision fts2 stores in `messages` (PostgreSQL's alone: not an ORM column).
 _STORED_WORDS = literal_column(f"{M.name}.{WORDS_COLUMN}", type_=TSVECTOR)
@@ -249,6 +253,7 @@ def _ranked(
     *,
     documents: bool = False,
     alone: bool = True,
+    exact: Exact | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The hits in the contract's order (rank higher first, then the lower id), one page.
 
@@ -261,31 +266,30 @@ def _ranked(
     indexed text's parts (DOCUMENT_PARTS), for the snippets: no second statement to read
     them. With ``alone`` the condition's
     matches are found first, by themselves (_matched); without it, in the same scan that
-    reads their rows (for a condition cheap to test again: no re-tokenising).
+    reads their rows (for a condition cheap to test again: no re-tokenising). Without
+    ``rank_inputs`` or ``documents``, ranked, only the newest matches are read further
+    (_newest; ``exact``: the test of the rows ``condition`` selects, made there).
     """
     limit = page[0]
     if alone:
         condition = _matched(condition)
+    if exact is not None and sort in ("newest", "oldest"):
+        raise TypeError("an exact test is made on the ranked order only")
     if sort not in ("newest", "oldest"):
         # Ranked: the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES (a sort of
         # ids and sizes only, no text), by rank; older matches after them, newest first.
         # CASE evaluates the rank of those rows only.
         newest = M.c.id.desc()
         thin = not rank_inputs and not documents
+        if exact is not None and not thin:
+            raise TypeError("an exact test is made on the thin rows only")
         if thin:
-            # Every match sorted by id with its id and size only (the size computed before
-            # the sort, so that no text goes through it).
-            sizes = (
-                _select(condition, filters, visibility=True)
-                .with_only_columns(M.c.id, _bytes().label("size"))
-                .cte("matches")
-                .prefix_with("MATERIALIZED")
-            )
-            by_id = sizes.c.id.desc()
+            newest = _newest(condition, filters, exact)
+            by_id = newest.c.id.desc()
             statement = select(
-                sizes.c.id,
+                newest.c.id,
                 func.row_number().over(order_by=by_id).label("recency"),
-                func.sum(sizes.c.size).over(order_by=by_id, rows=(None, 0)).label("volume"),
+                func.sum(newest.c.size).over(order_by=by_id, rows=(None, 0)).label("volume"),
             )
         else:
             statement = _select(condition, filters, visibility=True).add_columns(
@@ -345,12 +349,50 @@ def _ranked(
     return outer, _ranked_values(sort, page)
 
 
+#: The test of a row of _newest's matches (its columns: ``id``, ``size``, ``row``, the
+#: row's ctid) that the statement's condition leaves to it.
+Exact = Callable[[Any], ColumnElement[bool]]
+
+
+def _newest(condition: ColumnElement[bool], filters: Filters, exact: Exact | None) -> Any:
+    """The newest matches, newest first, with their sizes: as many as the page can hold
+    (``newest``: RANK_WINDOW, or more when the page ends past it; every one with no limit).
+
+    The window is a prefix of the matches by recency, and the matches outside it follow it
+    newest first, so the page never holds an older match: the window's sums and the order
+    over these are those over every match. ``condition``'s matches are found first, by
+    id and size only (the size computed before the sort, so that no text goes through
+    it); ``exact`` is then tested on them newest first, each row read again by its ctid,
+    until there are enough (the sort fenced by OFFSET 0, so the test stays above it).
+    """
+    row: ColumnElement[Any] = literal_column(f"{M.name}.ctid").label("row")
+    matches = (
+        _select(condition, filters, visibility=True)
+        .with_only_columns(M.c.id, _bytes().label("size"), row)
+        .cte("matches")
+        .prefix_with("MATERIALIZED")
+    )
+    newest = bindparam("newest", type_=Integer)
+    if exact is None:
+        chosen = select(matches.c.id, matches.c.size)
+        return chosen.order_by(matches.c.id.desc()).limit(newest).subquery("newest")
+    fenced = select(matches).order_by(matches.c.id.desc()).offset(0).subquery("by_id")
+    chosen = select(fenced.c.id, fenced.c.size).where(exact(fenced.c))
+    return chosen.order_by(fenced.c.id.desc()).limit(newest).subquery("newest")
+
+
 def _ranked_values(sort: str | None, page: tuple[int, int]) -> dict[str, Any]:
     """The parameters of _ranked's statement that are not the query's or the filters'."""
     limit, offset = page
     _, values = _paged(select(), page)
     if sort not in ("newest", "oldest"):
-        return {**values, "rank_window": RANK_WINDOW, "rank_bytes": RANK_WINDOW_BYTES}
+        newest = None if limit < 0 else max(RANK_WINDOW, limit + max(offset, 0))
+        return {
+            **values,
+            "rank_window": RANK_WINDOW,
+            "rank_bytes": RANK_WINDOW_BYTES,
+            "newest": newest,
+        }
     if limit >= 0:
         values["window"] = limit + max(offset, 0)
     return values
@@ -365,6 +407,16 @@ def word_statement(
     binds = Binds()
     query = tsquery_of(tree, binds)
     condition = _words(stored).op("@@", return_type=Boolean)(query)
+    exact: Exact | None = None
+    if stored and sort not in ("newest", "oldest") and positional(tree):
+        # Ranked: the index answers the coarse tsquery alone; the exact one is tested on
+        # the newest of its matches only, as many as the page needs (_newest).
+        coarse = coarse_tsquery_of(tree, binds)
+        condition = _STORED_WORDS.op("@@", return_type=Boolean)(coarse)
+
+        def exact(matches: Any) -> ColumnElement[bool]:
+            words = select(_EXACT_WORDS.c.search_words).where(_EXACT_WORDS.c.ctid == matches.row)
+            return words.scalar_subquery().op("@@", return_type=Boolean)(query)
 
     # ts_rank_cd (cover density) with normalisation 1: divided by 1 + log(document
     # length), as BM25 favours short documents; cheaper than ts_rank on long texts.
@@ -382,7 +434,9 @@ def word_statement(
     # The stored words are cheap to test again: the matches are read in the scan that
     # finds them, and no row carries its words through the sort of every match.
     inputs = () if stored else _TEXT_COLUMNS
-    statement, values = _ranked(condition, filters, sort, page, rank_of, inputs, alone=not stored)
+    statement, values = _ranked(
+        condition, filters, sort, page, rank_of, inputs, alone=not stored, exact=exact
+    )
     return statement, {**_filter_values(filters), **binds.values, **values}
 
 
