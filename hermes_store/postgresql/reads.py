@@ -29,9 +29,13 @@ Statement = tuple[Any, dict[str, Any]]
 #: index expression (tokenising a text) for a few operators' worth: for a common term
 #: (`e*` matches most messages) it would rather re-tokenise every row (5 s at 20k
 #: messages) than read the index (0.3 s); the functions' costs are the revision's.
+#: No JIT: a statement's estimated cost grows with its matches (a common word's) past
+#: jit_above_cost, and compiling it then costs tens of milliseconds, more than it runs
+#: (`self OR error NOT test` at 50k messages: 81 ms of JIT in a 204 ms statement).
 _BY_INDEX = (
     func.set_config("enable_seqscan", "off", True),
     func.set_config("enable_indexscan", "off", True),
+    func.set_config("jit", "off", True),
 )
 
 
