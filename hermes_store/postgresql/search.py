@@ -67,6 +67,8 @@ from hermes_store.declarations import WORDS_COLUMN
 from hermes_store.errors import SearchFailed
 from hermes_store.models import SERVER_ESCAPE, from_server_text, to_server_text
 from hermes_store.postgresql import words
+from hermes_store.postgresql.reads import rejected_query, rows_by_index, sqlstate
+from hermes_store.postgresql.reads import rows as plain_rows
 from hermes_store.postgresql.substrings import (
     caseless,
     coverage,
@@ -77,7 +79,7 @@ from hermes_store.postgresql.substrings import (
     shape,
     trigram_condition,
 )
-from hermes_store.postgresql.tsquery import Binds, tsquery_of
+from hermes_store.postgresql.tsquery import Binds, coarse_tsquery_of, positional, tsquery_of
 from hermes_store.prepared import Connections
 from hermes_store.search.context import (
     CONTENT_JSON_PREFIX,
@@ -154,6 +156,10 @@ def _words(stored: bool) -> ColumnElement[Any]:
 #: `messages` as rank reads the stored words of a ranked hit.
 _RANKED_WORDS = table("messages", column("id", Integer), column(WORDS_COLUMN, TSVECTOR)).alias(
     "ranked_words"
+)
+#: `messages` as the exact test of _newest's matches reads their stored words (by ctid).
+_EXACT_WORDS = table("messages", column("ctid"), column(WORDS_COLUMN, TSVECTOR)).alias(
+    "exact_words"
 )
 #: The words revision fts2 stores in `messages` (PostgreSQL's alone: not an ORM column).
 _STORED_WORDS = literal_column(f"{M.name}.{WORDS_COLUMN}", type_=TSVECTOR)
@@ -249,6 +255,7 @@ def _ranked(
     *,
     documents: bool = False,
     alone: bool = True,
+    exact: Exact | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The hits in the contract's order (rank higher first, then the lower id), one page.
 
@@ -257,35 +264,34 @@ def _ranked(
     rows of the page whose timestamp another match shares (the first limit + offset hits
     by time, ties included, are read; then the page is cut).
 
-    With ``documents`` (``rank_inputs`` the text columns), each row also holds its
-    indexed text's parts (DOCUMENT_PARTS), for the snippets: no second statement to read
-    them. With ``alone`` the condition's
-    matches are found first, by themselves (_matched); without it, in the same scan that
-    reads their rows (for a condition cheap to test again: no re-tokenising).
+    With ``documents`` (``rank_inputs`` the text columns, or none and ranked), each row
+    also holds its indexed text's parts (DOCUMENT_PARTS), for the snippets: no second
+    statement to read them. With ``alone`` the condition's matches are found first, by
+    themselves (_matched); without it, in the same scan that reads their rows (for a
+    condition cheap to test again: no re-tokenising). Without ``rank_inputs``, ranked,
+    only the newest matches are read further (_newest; ``exact``: the test of the rows
+    ``condition`` selects, made there), and the page's columns for its rows alone.
     """
     limit = page[0]
     if alone:
         condition = _matched(condition)
+    if exact is not None and sort in ("newest", "oldest"):
+        raise TypeError("an exact test is made on the ranked order only")
     if sort not in ("newest", "oldest"):
         # Ranked: the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES (a sort of
         # ids and sizes only, no text), by rank; older matches after them, newest first.
         # CASE evaluates the rank of those rows only.
         newest = M.c.id.desc()
-        thin = not rank_inputs and not documents
+        thin = not rank_inputs
+        if exact is not None and not thin:
+            raise TypeError("an exact test is made on the thin rows only")
         if thin:
-            # Every match sorted by id with its id and size only (the size computed before
-            # the sort, so that no text goes through it).
-            sizes = (
-                _select(condition, filters, visibility=True)
-                .with_only_columns(M.c.id, _bytes().label("size"))
-                .cte("matches")
-                .prefix_with("MATERIALIZED")
-            )
-            by_id = sizes.c.id.desc()
+            newest = _newest(condition, filters, exact)
+            by_id = newest.c.id.desc()
             statement = select(
-                sizes.c.id,
+                newest.c.id,
                 func.row_number().over(order_by=by_id).label("recency"),
-                func.sum(sizes.c.size).over(order_by=by_id, rows=(None, 0)).label("volume"),
+                func.sum(newest.c.size).over(order_by=by_id, rows=(None, 0)).label("volume"),
             )
         else:
             statement = _select(condition, filters, visibility=True).add_columns(
@@ -316,6 +322,8 @@ def _ranked(
                 )
                 .order_by(chosen.c.hit_rank.desc().nulls_last(), chosen.c.hit_order)
             )
+            if documents:
+                outer = outer.add_columns(*_document_parts(M.c))
             return outer, _ranked_values(sort, page)
         outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
             windowed.desc().nulls_last(), case((in_window, hits.c.id), else_=-hits.c.id)
@@ -345,12 +353,50 @@ def _ranked(
     return outer, _ranked_values(sort, page)
 
 
+#: The test of a row of _newest's matches (its columns: ``id``, ``size``, ``row``, the
+#: row's ctid) that the statement's condition leaves to it.
+Exact = Callable[[Any], ColumnElement[bool]]
+
+
+def _newest(condition: ColumnElement[bool], filters: Filters, exact: Exact | None) -> Any:
+    """The newest matches, newest first, with their sizes: as many as the page can hold
+    (``newest``: RANK_WINDOW, or more when the page ends past it; every one with no limit).
+
+    The window is a prefix of the matches by recency, and the matches outside it follow it
+    newest first, so the page never holds an older match: the window's sums and the order
+    over these are those over every match. ``condition``'s matches are found first, by
+    id and size only (the size computed before the sort, so that no text goes through
+    it); ``exact`` is then tested on them newest first, each row read again by its ctid,
+    until there are enough (the sort fenced by OFFSET 0, so the test stays above it).
+    """
+    row: ColumnElement[Any] = literal_column(f"{M.name}.ctid").label("row")
+    matches = (
+        _select(condition, filters, visibility=True)
+        .with_only_columns(M.c.id, _bytes().label("size"), row)
+        .cte("matches")
+        .prefix_with("MATERIALIZED")
+    )
+    newest = bindparam("newest", type_=Integer)
+    if exact is None:
+        chosen = select(matches.c.id, matches.c.size)
+        return chosen.order_by(matches.c.id.desc()).limit(newest).subquery("newest")
+    fenced = select(matches).order_by(matches.c.id.desc()).offset(0).subquery("by_id")
+    chosen = select(fenced.c.id, fenced.c.size).where(exact(fenced.c))
+    return chosen.order_by(fenced.c.id.desc()).limit(newest).subquery("newest")
+
+
 def _ranked_values(sort: str | None, page: tuple[int, int]) -> dict[str, Any]:
     """The parameters of _ranked's statement that are not the query's or the filters'."""
     limit, offset = page
     _, values = _paged(select(), page)
     if sort not in ("newest", "oldest"):
-        return {**values, "rank_window": RANK_WINDOW, "rank_bytes": RANK_WINDOW_BYTES}
+        newest = None if limit < 0 else max(RANK_WINDOW, limit + max(offset, 0))
+        return {
+            **values,
+            "rank_window": RANK_WINDOW,
+            "rank_bytes": RANK_WINDOW_BYTES,
+            "newest": newest,
+        }
     if limit >= 0:
         values["window"] = limit + max(offset, 0)
     return values
@@ -365,6 +411,16 @@ def word_statement(
     binds = Binds()
     query = tsquery_of(tree, binds)
     condition = _words(stored).op("@@", return_type=Boolean)(query)
+    exact: Exact | None = None
+    if stored and sort not in ("newest", "oldest") and positional(tree):
+        # Ranked: the index answers the coarse tsquery alone; the exact one is tested on
+        # the newest of its matches only, as many as the page needs (_newest).
+        coarse = coarse_tsquery_of(tree, binds)
+        condition = _STORED_WORDS.op("@@", return_type=Boolean)(coarse)
+
+        def exact(matches: Any) -> ColumnElement[bool]:
+            words = select(_EXACT_WORDS.c.search_words).where(_EXACT_WORDS.c.ctid == matches.row)
+            return words.scalar_subquery().op("@@", return_type=Boolean)(query)
 
     # ts_rank_cd (cover density) with normalisation 1: divided by 1 + log(document
     # length), as BM25 favours short documents; cheaper than ts_rank on long texts.
@@ -382,7 +438,19 @@ def word_statement(
     # The stored words are cheap to test again: the matches are read in the scan that
     # finds them, and no row carries its words through the sort of every match.
     inputs = () if stored else _TEXT_COLUMNS
-    statement, values = _ranked(condition, filters, sort, page, rank_of, inputs, alone=not stored)
+    # Ranked, the page's rows come with their indexed texts (no statement after for them).
+    documents = stored and sort not in ("newest", "oldest")
+    statement, values = _ranked(
+        condition,
+        filters,
+        sort,
+        page,
+        rank_of,
+        inputs,
+        documents=documents,
+        alone=not stored,
+        exact=exact,
+    )
     return statement, {**_filter_values(filters), **binds.values, **values}
 
 
@@ -460,93 +528,6 @@ def _like_snippet(stored: str, first: str) -> str:
 # -- one search ----------------------------------------------------------------------------
 
 
-def _encodable(values: Iterable[Any]) -> bool:
-    """Whether every string can be sent to the server (lone surrogates cannot)."""
-    for value in values:
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, str):
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    return False
-    return True
-
-
-def _rows(conn: Connection, statement: Any, values: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The statement's rows; None when the server rejected the query's values (in a
-    savepoint, so the caller's transaction goes on). Any other error (a store without the
-    search functions, a lost connection) is raised: it is no answer to the query."""
-    if not _encodable(values.values()):
-        log.debug("search: query or filter not encodable as UTF-8; no results")
-        return []
-    try:
-        with conn.begin_nested():
-            return [dict(row) for row in conn.execute(statement, values).mappings()]
-    except DBAPIError as exc:
-        if not _rejected_query(exc):
-            raise
-        log.debug("search: PostgreSQL rejected the query (%s)", type(exc.orig).__name__)
-        return None
-
-
-#: The planner's own settings for one statement: no sequential or plain index scan, so the
-#: matches come from a bitmap scan of the search index. The planner takes the cost of the
-#: index expression (tokenising a text) for a few operators' worth: for a common term
-#: (`e*` matches most messages) it would rather re-tokenise every row (5 s at 20k
-#: messages) than read the index (0.3 s); the functions' costs are the revision's.
-_BY_INDEX = select(
-    func.set_config("enable_seqscan", "off", True),
-    func.set_config("enable_indexscan", "off", True),
-)
-
-
-@contextlib.contextmanager
-def _by_index(conn: Connection) -> Iterator[None]:
-    """Plan the statements run inside with _BY_INDEX; the settings end with the block (a
-    savepoint rolled back: a search writes nothing)."""
-    savepoint = conn.begin_nested()
-    try:
-        conn.execute(_BY_INDEX)
-        yield
-    finally:
-        savepoint.rollback()
-
-
-def _rows_by_index(
-    conn: Connection, statement: Any, values: dict[str, Any]
-) -> list[dict[str, Any]] | None:
-    """_rows planned with _BY_INDEX, in one savepoint that both bounds the settings and
-    keeps the caller's transaction going when the server rejects the query's values
-    (None); rolled back after the read, as a search writes nothing."""
-    if not _encodable(values.values()):
-        log.debug("search: query or filter not encodable as UTF-8; no results")
-        return []
-    try:
-        with conn.begin_nested() as savepoint:
-            conn.execute(_BY_INDEX)
-            rows = [dict(row) for row in conn.execute(statement, values).mappings()]
-            savepoint.rollback()
-            return rows
-    except DBAPIError as exc:
-        if not _rejected_query(exc):
-            raise
-        log.debug("search: PostgreSQL rejected the query (%s)", type(exc.orig).__name__)
-        return None
-
-
-#: SQLSTATEs of a query the server refuses for what it says: a data exception (class 22),
-#: a syntax error (a tsquery that does not parse), a limit exceeded (class 54).
-_REJECTED = ("22", "42601", "54")
-
-
-def _rejected_query(exc: DBAPIError) -> bool:
-    return _sqlstate(exc).startswith(_REJECTED)
-
-
-def _sqlstate(exc: DBAPIError) -> str:
-    return str(getattr(exc.orig, "sqlstate", "") or "")
-
-
 def _not_searchable(conn: Connection, tree: Node) -> str:
     """Why the server rejected the word path's statement: its tsquery alone is rejected
     (the query's fault: the reason, for ``query_error``). If the tsquery is fine, the
@@ -556,14 +537,14 @@ def _not_searchable(conn: Connection, tree: Node) -> str:
         with conn.begin_nested():
             conn.execute(select(tsquery_of(tree, binds)), binds.values).all()
     except DBAPIError as exc:
-        if not _rejected_query(exc):
+        if not rejected_query(exc):
             raise
-        if _sqlstate(exc).startswith("54"):
+        if sqlstate(exc).startswith("54"):
             why = "it is too large for PostgreSQL's text search: use fewer terms"
         else:
             why = (
                 "PostgreSQL's text search cannot search for one of its terms (SQLSTATE "
-                f"{_sqlstate(exc)}): leave out words of characters that are no letters to it"
+                f"{sqlstate(exc)}): leave out words of characters that are no letters to it"
             )
         return f"the query was not understood: {why}; `hermes-store search --help` shows the syntax"
     raise _search_failed("the word path's statement")
@@ -665,9 +646,11 @@ class PostgreSQLSearch:
                 return Found([], route, query_error=not_understood(route.match))
             if isinstance(tree, Nothing):
                 return Found([], route)
-            with _by_index(conn):
-                statement = word_statement(tree, options, stored=words.stored_words(conn))
-                rows = _rows(conn, *statement)
+            rows = rows_by_index(
+                conn,
+                lambda read: word_statement(tree, options, stored=words.reads_stored(read[0])),
+                [words.LAYOUT],
+            )
             if rows is None:
                 return Found([], route, query_error=_not_searchable(conn, tree))
             return Found(rows, route)
@@ -679,11 +662,12 @@ class PostgreSQLSearch:
             if isinstance(trigram, Nothing):
                 return Found([], route)
             if trigram is not None:
-                rows = _rows_by_index(conn, *trigram_statement(trigram, route, options))
+                statement = trigram_statement(trigram, route, options)
+                rows = rows_by_index(conn, lambda _: statement)
                 if rows is not None:
                     return Found(rows, route)
         like = Route(None, "", route.like_tokens)
-        rows = _rows(conn, *like_statement(like, options))
+        rows = plain_rows(conn, *like_statement(like, options))
         if rows is None:  # plain patterns, escaped here: no query causes that
             raise _search_failed("the LIKE scan")
         for row in rows:

@@ -5,6 +5,11 @@ the server normalises with the functions revision fts1 defines for the documents
 ``phraseto_tsquery('simple', hermes_search_lexemes(:text))`` for a phrase segment,
 ``to_tsquery`` with ``:*`` for a prefix, joined with ``&&``, ``||``, ``!!`` and ``<->`` /
 ``<N>``. Values are bound parameters (:class:`Binds`), never spliced into the SQL.
+
+:func:`coarse_tsquery_of` is a wider tsquery without positions (each phrase of several
+words as the AND of its words, NEAR as the AND of its phrases): a GIN index answers it
+exactly, with no row's words read again, so the statement tests the exact one only on the
+few rows it needs (hermes_store.postgresql.search, "the newest matches").
 """
 
 from __future__ import annotations
@@ -38,24 +43,75 @@ class Binds:
 _SIMPLE = literal("simple", REGCONFIG)
 
 
-def _segment(binds: Binds, text: str, prefix: bool) -> ColumnElement[Any]:
-    """One written segment of a phrase as a tsquery, normalised by the documents' functions."""
+def _segment(binds: Binds, text: str, prefix: bool, *, coarse: bool = False) -> ColumnElement[Any]:
+    """One written segment of a phrase as a tsquery, normalised by the documents' functions
+    (``coarse``: its words joined by ``&``, not ``<->``)."""
     lexemes = func.hermes_search_lexemes(binds(text), type_=String)
     if not prefix:
+        if coarse:
+            return func.plainto_tsquery(_SIMPLE, lexemes, type_=TSQUERY)
         return func.phraseto_tsquery(_SIMPLE, lexemes, type_=TSQUERY)
     # 'w1 <-> w2 <-> w3:*': the lexemes are letters and digits only, nothing to quote.
-    words = func.regexp_replace(func.btrim(lexemes), " +", " <-> ", "g", type_=String)
+    joint = " & " if coarse else " <-> "
+    words = func.regexp_replace(func.btrim(lexemes), " +", joint, "g", type_=String)
     return func.to_tsquery(_SIMPLE, words.concat(":*"), type_=TSQUERY)
 
 
-def _phrase(binds: Binds, phrase: Phrase) -> ColumnElement[Any]:
-    """A phrase's segments (``a + "b c"*``) joined by ``<->``; a segment without tokens
-    adds none, as in FTS5."""
-    segments = [_segment(binds, text, prefix) for text, prefix in phrase.text if word_tokens(text)]
+def _phrase(binds: Binds, phrase: Phrase, *, coarse: bool = False) -> ColumnElement[Any]:
+    """A phrase's segments (``a + "b c"*``) joined by ``<->`` (``coarse``: by ``&``); a
+    segment without tokens adds none, as in FTS5."""
+    written = [(text, prefix) for text, prefix in phrase.text if word_tokens(text)]
+    segments = [
+        _segment(binds, text, prefix, coarse=coarse and _positional(phrase))
+        for text, prefix in written
+    ]
+    join = "tsquery_and" if coarse else "tsquery_phrase"
     query = segments[0]
     for segment in segments[1:]:
-        query = func.tsquery_phrase(query, segment, type_=TSQUERY)
+        query = getattr(func, join)(query, segment, type_=TSQUERY)
     return query
+
+
+def _positional(phrase: Phrase) -> bool:
+    """Whether the phrase is of several words (its tsquery tests positions). One word is
+    left as it is in the coarse tsquery, even where the server makes several lexemes of
+    it (the coarse tsquery is then only less cheap, never narrower)."""
+    return sum(len(word_tokens(text)) for text, _ in phrase.text) > 1
+
+
+def positional(node: Node) -> bool:
+    """Whether the tree's tsquery tests positions: its coarse tsquery is wider."""
+    if isinstance(node, Phrase):
+        return _positional(node)
+    if isinstance(node, Near):
+        return True
+    if isinstance(node, (And, Or)):
+        return any(positional(operand) for operand in node.operands)
+    if isinstance(node, Not):
+        return positional(node.positive) or positional(node.negative)
+    return False
+
+
+def coarse_tsquery_of(node: Node, binds: Binds) -> ColumnElement[Any]:
+    """A tsquery every match of ``tsquery_of(node)`` matches, without positions where the
+    tree has them: a phrase of several words as the AND of its words, NEAR as the AND of
+    its phrases, and ``a NOT b`` as ``a`` alone where ``b`` tests positions (the AND of
+    ``b``'s words is no narrower than ``b``, so its negation would be narrower)."""
+    if isinstance(node, Phrase):
+        return _phrase(binds, node, coarse=True)
+    if isinstance(node, Near):
+        return _combine("tsquery_and", [_phrase(binds, p, coarse=True) for p in node.phrases])
+    if isinstance(node, And):
+        return _combine("tsquery_and", [coarse_tsquery_of(o, binds) for o in node.operands])
+    if isinstance(node, Or):
+        return _combine("tsquery_or", [coarse_tsquery_of(o, binds) for o in node.operands])
+    if isinstance(node, Not):
+        positive = coarse_tsquery_of(node.positive, binds)
+        if positional(node.negative):
+            return positive
+        negative = func.tsquery_not(tsquery_of(node.negative, binds), type_=TSQUERY)
+        return func.tsquery_and(positive, negative, type_=TSQUERY)
+    raise TypeError(f"no tsquery for {type(node).__name__}")
 
 
 def _near(binds: Binds, near: Near) -> ColumnElement[Any]:
@@ -101,4 +157,4 @@ def tsquery_of(node: Node, binds: Binds) -> ColumnElement[Any]:
     raise TypeError(f"no tsquery for {type(node).__name__}")
 
 
-__all__ = ["NEAR_EXACT_DISTANCE", "Binds", "tsquery_of"]
+__all__ = ["NEAR_EXACT_DISTANCE", "Binds", "coarse_tsquery_of", "positional", "tsquery_of"]

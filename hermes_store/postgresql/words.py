@@ -128,13 +128,19 @@ def add_column(auto: Connection, column: str) -> None:
 STATE_META = table("state_meta", column("key", String), column("value", String))
 
 
-def stored_words(conn: Connection) -> bool:
-    """Whether the store's search layout reads the stored words: the layout marker names
-    a layout that stores them (revision fts2 switches it once they are all filled and
+#: The store's search layout marker (None: no marker), as a value a statement reads.
+LAYOUT = (
+    select(STATE_META.c.value)
+    .where(STATE_META.c.key == LAYOUT_MARKER)
+    .scalar_subquery()
+    .label("search_layout")
+)
+
+
+def reads_stored(marker: str | None) -> bool:
+    """Whether a store of this layout marker reads the stored words: the marker names a
+    layout that stores them (revision fts2 switches it once they are all filled and
     indexed; until then the expression index serves)."""
-    marker = conn.execute(
-        select(STATE_META.c.value).where(STATE_META.c.key == LAYOUT_MARKER)
-    ).scalar()
     return any(
         layout.marker == marker and layout.words_column is not None
         for layout in POSTGRESQL_LAYOUTS.values()
