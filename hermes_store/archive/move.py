@@ -10,7 +10,9 @@ kill between any two leaves, and how the next run finishes it):
    and its marker, in one transaction (a copy that reads back different is rolled back);
 3. under the first store's write lock: the batch's sessions locked, its rows checked
    against the checksums again (unchanged since they were read, no new child session),
-   then deleted, with the marker;
+   then deleted, with the marker; from the hot store, its messages a chunk at a time
+   (each chunk sized by the time the last one held the write lock), the sessions and
+   their other rows with the last;
 4. the second store's marker cleared.
 
 A batch whose rows changed in the first store since they were read (the agent wrote to one
