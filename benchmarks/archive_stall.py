@@ -94,6 +94,9 @@ def run(path: Path, archive: Path) -> dict[str, Any]:
                     "sessions": moved.get("sessions"),
                     "messages": moved.get("messages"),
                     "longest_hot_write_lock_s": moved.get("longest_hot_write_lock_s"),
+                    "longest_hot_write_lock_by_step_s": moved.get(
+                        "longest_hot_write_lock_by_step_s"
+                    ),
                     "error": done.stderr.strip().splitlines()[-1:] if done.returncode else [],
                 }
             )

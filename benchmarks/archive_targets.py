@@ -240,6 +240,8 @@ def archive_under_writer(hot: Path, archive: Path, before: str) -> dict[str, Any
         "batches": moved["batches"],
         "messages_per_s": round(moved["messages"] / seconds, 1) if seconds else None,
         "longest_hot_write_lock_s": moved["longest_hot_write_lock_s"],
+        "longest_hot_write_lock_by_step_s": moved.get("longest_hot_write_lock_by_step_s", {}),
+        "hot_writes_by_step": moved.get("hot_writes_by_step", {}),
         "changed_while_moving": moved["changed_while_moving"],
         "kept": report["kept"],
         "vacuum_needed_bytes": report["vacuum_needed_bytes"],
@@ -353,6 +355,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"| archive's time (s) | {a['seconds']:.1f} (command {a['wall_seconds']:.1f}) |",
         f"| archive's rate (messages/s) | {a['messages_per_s']:,} |",
         f"| longest write lock on the hot store (s) | {a['longest_hot_write_lock_s']:.3f} |",
+        *(
+            f"| … of its {a['hot_writes_by_step'].get(step, 0):,} `{step}` steps (s) | {held:.3f} |"
+            for step, held in a.get("longest_hot_write_lock_by_step_s", {}).items()
+        ),
         f"| writer: messages written | {a['writer_messages']:,} |",
         f"| writer: longest wait (s) | {a['writer_longest_wait_s']} |",
         f"| writer: p99 wait (s) | {a['writer_p99_wait_s']} |",

@@ -10,7 +10,9 @@ kill between any two leaves, and how the next run finishes it):
    and its marker, in one transaction (a copy that reads back different is rolled back);
 3. under the first store's write lock: the batch's sessions locked, its rows checked
    against the checksums again (unchanged since they were read, no new child session),
-   then deleted, with the marker;
+   then deleted, with the marker; from the hot store, its messages a chunk at a time
+   (each chunk sized by the time the last one held the write lock), the sessions and
+   their other rows with the last;
 4. the second store's marker cleared.
 
 A batch whose rows changed in the first store since they were read (the agent wrote to one
@@ -41,6 +43,7 @@ from hermes_store.archive.rows import (
     present,
     prompt_condition,
     read_batch,
+    row_bytes,
     write_batch,
 )
 from hermes_store.archive.shape import has, moved_columns
@@ -49,15 +52,33 @@ from hermes_store.archive.stores import Side
 from hermes_store.archive.verify import Sums, batch_sums, differences
 from hermes_store.copy.tablesum import RowHasher, TableChecksum, table_sum
 from hermes_store.errors import ArchiveRefused
+from hermes_store.sqlite.backfill import next_size
 
-__all__ = ["CHUNK_MESSAGES", "STEP_HOOK", "Moved", "Mover", "held_sessions", "reached"]
+__all__ = [
+    "FIRST_CHUNK_BYTES",
+    "MAX_LOCK_MS",
+    "STEP_HOOK",
+    "Moved",
+    "Mover",
+    "held_sessions",
+    "reached",
+]
 
-#: A batch holding more messages than this enters or leaves the hot store in chunks of
-#: messages, each its own transaction; a chunk starts at FIRST_CHUNK messages and is sized
-#: from there so that each holds the write lock for about LOCK_TARGET_S.
-CHUNK_MESSAGES = 400
-FIRST_CHUNK = 100
+#: The longest a write transaction of the archive should hold the hot store's write lock:
+#: each chunk of messages is sized (``backfill.next_size``, from the last chunk's hold) to
+#: hold it for about half of this, so that a slow one (a busy machine) stays under it.
+MAX_LOCK_MS = 150.0
+#: The hold a batch's fixed part (the checks of its rows, the delete of its sessions and
+#: their other rows) may take before the next batch is made smaller (run.py).
 LOCK_TARGET_S = 0.1
+#: A batch's messages enter or leave the hot store in chunks, each its own transaction,
+#: weighed in bytes (a message's values, plus MESSAGE_OVERHEAD: indexing and deleting one
+#: costs about its text); the first chunk weighs FIRST_CHUNK_BYTES, each next one is sized
+#: from how long the last held the write lock. A batch lighter than a chunk goes in one
+#: transaction.
+FIRST_CHUNK_BYTES = 32_768
+MAX_CHUNK_BYTES = 16 << 20
+MESSAGE_OVERHEAD = 256
 #: Pause after a write transaction on the hot store, as a share of the time it held the
 #: write lock, and at least MIN_PAUSE_S: the agent's writes get the lock in between.
 PAUSE_SHARE = 1.0
@@ -104,6 +125,11 @@ class Moved:
     resumed: str = ""
     #: The longest write transaction on the hot store, in seconds.
     longest_lock_s: float = 0.0
+    #: The longest write transaction on the hot store by step (``marker``, ``copy``,
+    #: ``copy-chunk``, ``delete``, ``delete-chunk``, ``put-back``, ``take-back``).
+    longest_lock_by_step: dict[str, float] = field(default_factory=dict)
+    #: Write transactions on the hot store, by step.
+    writes_by_step: dict[str, int] = field(default_factory=dict)
 
     def add(self, deleted: dict[str, int], size: int) -> None:
         self.batches += 1
@@ -135,10 +161,15 @@ def _new_children(conn: Connection, ids: Sequence[str]) -> int:
 
 def _message_digests(conn: Connection, ids: Sequence[str]) -> dict[int, int]:
     """Each message of the sessions ``ids``, by id: the checksum of its row."""
+    return {key: digest for key, (digest, _) in _message_sums(conn, ids).items()}
+
+
+def _message_sums(conn: Connection, ids: Sequence[str]) -> dict[int, tuple[int, int]]:
+    """Each message of the sessions ``ids``, by id: the checksum of its row, its weight."""
     messages = copied_table("messages")
     hasher = RowHasher(messages)
     query = select(*messages.columns).where(owned_condition(messages, ids))
-    return {int(row.id): hasher(row) for row in conn.execute(query)}
+    return {int(row.id): (hasher(row), weight(row)) for row in conn.execute(query)}
 
 
 def _check_rest(conn: Connection, ids: Sequence[str], copied: Sums, messages_left: int) -> None:
@@ -174,6 +205,21 @@ def _delete_messages(conn: Connection, chunk: Sequence[int], expected: dict[int,
         raise _Changed
 
 
+def weight(row: Any) -> int:
+    """What a message weighs in a chunk: the bytes of its values, plus MESSAGE_OVERHEAD."""
+    return row_bytes(row) + MESSAGE_OVERHEAD
+
+
+def _fitting(weights: Sequence[int], budget: int) -> int:
+    """How many of the first items of these weights fit in ``budget`` (at least one)."""
+    total = 0
+    for taken, each in enumerate(weights):
+        total += each
+        if total > budget:
+            return max(1, taken)
+    return len(weights)
+
+
 def _check_copied(conn: Connection, rows: Sequence[Any]) -> None:
     """Read back, these just inserted messages are the rows given."""
     messages = copied_table("messages")
@@ -205,32 +251,51 @@ class Mover:
         self.dst = dst
         self.hot = hot
         self.moved = moved
-        #: How long the last batch held the hot store's write lock.
+        #: How long the last batch held the hot store's write lock, at the longest.
         self.last_lock_s = 0.0
-        #: Messages per chunk of a large batch (see CHUNK_MESSAGES).
-        self.chunk = FIRST_CHUNK
+        #: How long the last batch's fixed part held it: the checks of the batch's rows
+        #: and the delete of its sessions and their other rows (what its size decides).
+        self.fixed_lock_s = 0.0
+        #: What a chunk of messages weighs, in bytes (see FIRST_CHUNK_BYTES).
+        self.chunk_bytes = FIRST_CHUNK_BYTES
+        #: How long the last write transaction held the hot store's write lock.
+        self._held = 0.0
 
-    def _chunk_write(self, side: Side, work: Callable[[Connection], Any]) -> Any:
-        """One chunk's write transaction, the next chunk sized by how long it held the
-        lock, then the pause."""
-        self.last_lock_s = 0.0
-        result = self.write(side, work)
-        if self.last_lock_s > LOCK_TARGET_S:
-            self.chunk = max(10, self.chunk // 2)
-        elif self.last_lock_s < LOCK_TARGET_S / 4:
-            self.chunk = min(4 * CHUNK_MESSAGES, self.chunk * 2)
-        time.sleep(max(MIN_PAUSE_S, self.last_lock_s * PAUSE_SHARE))
+    def _chunk_write(
+        self, side: Side, work: Callable[[Connection], Any], step: str, weighs: int
+    ) -> Any:
+        """One chunk's write transaction (its messages weigh ``weighs``), the next chunk
+        sized by how long it held the lock, then the pause."""
+        result = self.write(side, work, step)
+        if side is self.hot:
+            self._resize(self._held, weighs)
+        time.sleep(max(MIN_PAUSE_S, self._held * PAUSE_SHARE))
         return result
 
-    def _timed(self, side: Side, started: float) -> None:
+    def _resize(self, held: float, weighs: int) -> None:
+        """Size the next chunk so that it holds the lock for about half of MAX_LOCK_MS,
+        from this one's hold (``held``, for messages weighing ``weighs``): a remainder
+        much lighter than a chunk says little of what a chunk costs, unless it was slow."""
+        if weighs <= 0 or (2 * weighs < self.chunk_bytes and held * 1000 <= MAX_LOCK_MS / 2):
+            return
+        as_full = held * 1000 * self.chunk_bytes / weighs
+        self.chunk_bytes = max(
+            MESSAGE_OVERHEAD, next_size(self.chunk_bytes, as_full, MAX_LOCK_MS, MAX_CHUNK_BYTES)
+        )
+
+    def _timed(self, side: Side, step: str, started: float) -> None:
         if side is self.hot:
             held = time.perf_counter() - started
+            self._held = held
             self.last_lock_s = max(self.last_lock_s, held)
-            self.moved.longest_lock_s = max(self.moved.longest_lock_s, held)
+            moved = self.moved
+            moved.longest_lock_s = max(moved.longest_lock_s, held)
+            moved.longest_lock_by_step[step] = max(moved.longest_lock_by_step.get(step, 0), held)
+            moved.writes_by_step[step] = moved.writes_by_step.get(step, 0) + 1
 
-    def write(self, side: Side, work: Callable[[Connection], Any]) -> Any:
-        """One write transaction on ``side``; on the hot store, how long it held the write
-        lock (from the BEGIN that took it to the COMMIT) is kept."""
+    def write(self, side: Side, work: Callable[[Connection], Any], step: str = "marker") -> Any:
+        """One write transaction on ``side`` (a ``step`` of a batch); on the hot store, how
+        long it held the write lock (from the BEGIN that took it to the COMMIT) is kept."""
         with side.writer.connect() as conn:
             transaction = conn.begin()  # waits for the write lock (the busy timeout)
             started = time.perf_counter()
@@ -241,7 +306,7 @@ class Mover:
                 transaction.rollback()
                 raise
             finally:
-                self._timed(side, started)
+                self._timed(side, step, started)
             return result
 
     # -- a new batch ----------------------------------------------------------------------
@@ -250,7 +315,7 @@ class Mover:
         """Move the sessions ``ids`` (whole trees); False when they changed meanwhile (or
         no longer pass ``check``, given the rows as read for the copy) and stay where they
         were."""
-        self.last_lock_s = 0.0
+        self.last_lock_s = self.fixed_lock_s = 0.0
         token = secrets.token_hex(8)
         with self.src.reading() as conn:
             rows = read_batch(conn, sorted(ids))
@@ -269,7 +334,8 @@ class Mover:
         columns = moved_columns()
         if columns is not None:
             marker["columns"] = columns
-        if self.dst is self.hot and rows.count("messages") > CHUNK_MESSAGES:
+        weighs = sum(weight(row) for row in rows.owned["messages"])
+        if self.dst is self.hot and weighs > self.chunk_bytes:
             return self._copy_in_chunks(rows, marker, high)
         self.write(self.src, lambda conn: put_marker(conn, marker))
         reached("marked")
@@ -285,7 +351,7 @@ class Mover:
             reached("copying")
 
         try:
-            self.write(self.dst, copy)
+            self.write(self.dst, copy, "copy")
         except (IntegrityError, _CopyDiffers) as exc:
             self.write(self.src, lambda conn: clear_marker(conn, token))
             if isinstance(exc, _CopyDiffers):
@@ -304,10 +370,10 @@ class Mover:
 
     def _copy_in_chunks(self, rows: BatchRows, marker: dict[str, Any], high: int) -> bool:
         """:meth:`move`'s copy for a batch too large for one short transaction in the hot
-        store: the sessions, their other rows and the first :data:`CHUNK_MESSAGES`
-        messages in one transaction with the marker (``copying``), then the other messages
-        chunk by chunk, each read back and checked in its transaction; the marker says
-        ``copied`` with the last."""
+        store: the sessions, their other rows and the first chunk of messages (sized by
+        their weight, see :data:`FIRST_CHUNK_BYTES`) in one transaction with the marker
+        (``copying``), then the other messages chunk by chunk, each read back and checked
+        in its transaction; the marker says ``copied`` with the last."""
         messages = copied_table("messages")
         ids = sorted(int(row.id) for row in rows.owned["messages"])
         with self.dst.reading() as conn:
@@ -321,9 +387,11 @@ class Mover:
             )
         self.write(self.src, lambda conn: put_marker(conn, marker))
         reached("marked")
+        weights = [weight(row) for row in rows.owned["messages"]]
+        taken_first = _fitting(weights, self.chunk_bytes)
         first = BatchRows(
             rows.ids,
-            {**rows.owned, "messages": rows.owned["messages"][: self.chunk]},
+            {**rows.owned, "messages": rows.owned["messages"][:taken_first]},
             rows.prompts,
         )
 
@@ -343,7 +411,7 @@ class Mover:
             reached("copying-chunk")
 
         try:
-            self._chunk_write(self.dst, begin)
+            self._chunk_write(self.dst, begin, "copy-chunk", sum(weights[:taken_first]))
         except (IntegrityError, _CopyDiffers):
             self.write(self.src, lambda conn: clear_marker(conn, marker["batch"]))
             raise ArchiveRefused(
@@ -360,8 +428,11 @@ class Mover:
         last transaction (or one of its own) records the batch as ``copied``."""
         messages = copied_table("messages")
         rest = list(rows)
+        weights = [weight(row) for row in rest]
         while True:
-            chunk, rest = rest[: self.chunk], rest[self.chunk :]
+            taken = _fitting(weights, self.chunk_bytes) if rest else 0
+            chunk, rest = rest[:taken], rest[taken:]
+            weighs, weights = sum(weights[:taken]), weights[taken:]
             last = not rest
 
             def step(conn: Connection, chunk: Sequence[Any] = chunk, last: bool = last) -> None:
@@ -374,7 +445,7 @@ class Mover:
                 else:
                     reached("copying-chunk")
 
-            self._chunk_write(self.dst, step)
+            self._chunk_write(self.dst, step, "copy-chunk", weighs)
             if last:
                 return
 
@@ -409,9 +480,7 @@ class Mover:
         hashes: list[str] = marker["hashes"]
         copied: Sums = {name: (int(n), str(h)) for name, (n, h) in marker["sums"].items()}
         reached("verified")
-        if marker.get("deleting") or (
-            self.src is self.hot and copied["messages"][0] > CHUNK_MESSAGES
-        ):
+        if marker.get("deleting") or self.src is self.hot:
             return self._finish_in_chunks(marker, copied, size)
 
         def delete(conn: Connection) -> dict[str, int]:
@@ -426,7 +495,7 @@ class Mover:
             return deleted
 
         try:
-            deleted = self.write(self.src, delete)
+            deleted = self.write(self.src, delete, "delete")
         except _Changed:
             self.take_back(marker, copied)
             return False
@@ -439,20 +508,24 @@ class Mover:
         self.moved.add(deleted, size)
         return True
 
-    # -- a large batch leaving the hot store: its messages deleted in chunks --------------
+    # -- a batch leaving the hot store: its messages deleted in chunks -------------------
 
     def _finish_in_chunks(self, marker: dict[str, Any], copied: Sums, size: int) -> bool:
-        """:meth:`finish` for a batch too large for one short transaction in the hot store:
-        its messages deleted :data:`CHUNK_MESSAGES` at a time, each chunk checked (the
-        batch's other rows unchanged, no message added, the chunk's rows the copied ones)
-        in the transaction that deletes it; the rest in a last transaction, with the
-        marker. A batch that changed midway gets its deleted messages back from the copy,
-        then is taken back out of ``dst``."""
+        """:meth:`finish` for a batch leaving the hot store (or one a stopped run left
+        half deleted): its messages deleted a chunk at a time (see
+        :data:`FIRST_CHUNK_BYTES`), each chunk checked (the batch's other rows unchanged,
+        no message added, the chunk's rows the copied ones) in the transaction that
+        deletes it; the last chunk and the batch's other rows in a last transaction, with
+        the marker (a batch lighter than a chunk: that one alone). A batch that changed
+        midway gets its deleted messages back from the copy, then is taken back out of
+        ``dst``."""
         ids: list[str] = marker["sessions"]
         token: str = marker["batch"]
         hashes: list[str] = marker["hashes"]
         with self.dst.reading() as conn:
-            expected = _message_digests(conn, ids)
+            found = _message_sums(conn, ids)
+        expected = {key: digest for key, (digest, _) in found.items()}
+        weights = {key: weighs for key, (_, weighs) in found.items()}
         whole = TableChecksum(copied_table("messages"))
         for digest in expected.values():
             whole.add_digest(digest)
@@ -468,8 +541,11 @@ class Mover:
         try:
             if not set(remaining) <= expected.keys():
                 raise _Changed
-            while len(remaining) > self.chunk:
-                chunk = remaining[: self.chunk]
+            while True:
+                taken = _fitting([weights[key] for key in remaining], self.chunk_bytes)
+                if taken >= len(remaining):
+                    break
+                chunk = remaining[:taken]
 
                 def step(
                     conn: Connection, chunk: list[int] = chunk, left: int = len(remaining)
@@ -479,10 +555,12 @@ class Mover:
                     put_marker(conn, {**marker, "deleting": True})
                     reached("deleting-chunk")
 
-                self._chunk_write(self.src, step)
+                weighs = sum(weights[key] for key in chunk)
+                self._chunk_write(self.src, step, "delete-chunk", weighs)
                 remaining = remaining[len(chunk) :]
                 deleted_messages += len(chunk)
                 reached("chunk-committed")
+            spent: list[float] = []
 
             def last(conn: Connection, left: list[int] = remaining) -> dict[str, int]:
                 _check_rest(conn, ids, copied, len(left))
@@ -492,7 +570,9 @@ class Mover:
                     )
                     if (prompts.rows, prompts.hexdigest()) != copied["system_prompts"]:
                         raise _Changed
+                started = time.perf_counter()
                 _delete_messages(conn, left, expected)
+                spent.append(time.perf_counter() - started)
                 deleted = delete_rows(conn, ids, hashes)
                 if any(deleted[name] != copied[name][0] for name in _OTHER_TABLES):
                     raise _Changed
@@ -500,7 +580,8 @@ class Mover:
                 reached("deleting")
                 return deleted
 
-            deleted = self.write(self.src, last)
+            deleted = self.write(self.src, last, "delete")
+            self.fixed_lock_s = max(0.0, self._held - sum(spent))
         except _Changed:
             self._give_back_messages(ids, expected)
             self.take_back(marker, copied)
@@ -521,11 +602,18 @@ class Mover:
         with self.src.reading() as conn:
             present = set(_message_digests(conn, ids))
         missing = sorted(set(expected) - present)
+        if not missing:
+            return
         messages = copied_table("messages")
+        with self.dst.reading() as conn:
+            found = {
+                int(row.id): row
+                for row in conn.execute(select(*messages.columns).where(messages.c.id.in_(missing)))
+            }
         while missing:
-            chunk, missing = missing[: self.chunk], missing[self.chunk :]
-            with self.dst.reading() as conn:
-                rows = list(conn.execute(select(*messages.columns).where(messages.c.id.in_(chunk))))
+            taken = _fitting([weight(found[key]) for key in missing], self.chunk_bytes)
+            chunk, missing = missing[:taken], missing[taken:]
+            rows = [found[key] for key in chunk]
 
             def put_back(
                 conn: Connection, rows: list[Any] = rows, chunk: list[int] = chunk
@@ -540,7 +628,7 @@ class Mover:
                         "`hermes-store check` on both"
                     )
 
-            self._chunk_write(self.src, put_back)
+            self._chunk_write(self.src, put_back, "put-back", sum(weight(row) for row in rows))
 
     def take_back(self, marker: dict[str, Any], copied: Sums) -> None:
         """Delete a batch's copy from ``dst`` (with its marker), then ``src``'s marker; a
@@ -561,6 +649,6 @@ class Mover:
             delete_rows(conn, ids, hashes)
             clear_marker(conn, token)
 
-        self.write(self.dst, remove)
+        self.write(self.dst, remove, "take-back")
         self.write(self.src, lambda conn: clear_marker(conn, token))
         self.moved.changed += 1

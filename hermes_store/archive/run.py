@@ -40,8 +40,8 @@ __all__ = [
 
 #: The most messages one batch carries (a tree larger than this is one batch of its own).
 BATCH_MESSAGES = 2000
-#: The first batch's messages; each next batch is sized so that the hot store's write
-#: transaction stays near LOCK_TARGET_S.
+#: The first batch's messages; each next batch is sized so that the fixed part of its last
+#: write transaction on the hot store (see ``move``) stays under half of LOCK_TARGET_S.
 FIRST_BATCH_MESSAGES = 200
 #: Sessions per batch at most (their ids are one IN list per statement).
 BATCH_SESSIONS = 200
@@ -103,6 +103,11 @@ class MoveResult:
                 "bytes": moved.bytes,
                 "changed_while_moving": moved.changed,
                 "longest_hot_write_lock_s": round(moved.longest_lock_s, 3),
+                "longest_hot_write_lock_by_step_s": {
+                    step: round(held, 3)
+                    for step, held in sorted(moved.longest_lock_by_step.items())
+                },
+                "hot_writes_by_step": dict(sorted(moved.writes_by_step.items())),
             },
             "resumed": moved.resumed or None,
             "in_flight": self.in_flight or None,
@@ -285,11 +290,14 @@ def _move_all(
         if not moved and len(batch) > 1:
             alone.extend(batch)
             result.moved.changed -= 1  # counted per tree when tried alone
-        held = mover.last_lock_s
-        if held > LOCK_TARGET_S:
+        # Its messages leave in chunks sized by time: what the batch's size decides is the
+        # rest of its last transaction (the checks of its rows, its sessions' delete).
+        fixed = mover.fixed_lock_s
+        if fixed > LOCK_TARGET_S / 2:
             budget = max(1, budget // 2)
-        elif held < LOCK_TARGET_S / 4:
+        elif fixed < LOCK_TARGET_S / 8:
             budget = min(most, budget * 2)
+        held = mover.last_lock_s
         if progress is not None:
             progress(result.moved, total)
         if rest or alone:

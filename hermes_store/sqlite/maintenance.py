@@ -163,14 +163,22 @@ def check_vacuum_space(path: Path) -> None:
     )
 
 
-#: Pages of FTS5 merging per step of a bounded optimize (FTS5 'merge', N): tens of
-#: milliseconds of write lock. A positive N merges the levels that hold enough segments to
-#: merge (FTS5's own incremental merge); a negative N (merge everything into one segment)
-#: corrupted the index here after about 1,000 steps interleaved with another process's
-#: writes (SQLite 3.40.1), so it is not used: one segment is what --vacuum's 'optimize' gives.
+#: Pages of FTS5 merging of a bounded optimize's first step (FTS5 'merge', N): tens of
+#: milliseconds of write lock; each next step is sized from the last one's hold (see
+#: STEP_MAX_LOCK_MS), up to MAX_MERGE_PAGES. A positive N merges the levels that hold
+#: enough segments to merge (FTS5's own incremental merge); a negative N (merge everything
+#: into one segment) corrupted the index here after about 1,000 steps interleaved with
+#: another process's writes (SQLite 3.40.1), so it is not used: one segment is what
+#: --vacuum's 'optimize' gives.
 MERGE_STEP_PAGES = 64
-#: Pages a bounded optimize returns to the file system per step (incremental_vacuum).
-VACUUM_STEP_PAGES = 2048
+MAX_MERGE_PAGES = 4096
+#: Pages a bounded optimize returns to the file system in its first step (incremental
+#: vacuum); each next step is sized from the last one's hold, up to MAX_VACUUM_PAGES.
+VACUUM_STEP_PAGES = 256
+MAX_VACUUM_PAGES = 65_536
+#: Each step of a bounded optimize is sized (``backfill.next_size``) to hold the write
+#: lock for about half of this, in milliseconds.
+STEP_MAX_LOCK_MS = 100.0
 #: Pause between bounded steps, as a share of the time the step held the lock: writers
 #: waiting on the lock get it in between.
 STEP_PAUSE = 1.0
@@ -190,9 +198,10 @@ def optimize(
     holds the write lock for its whole run (the agent waits); the store is switched to
     incremental auto-vacuum on the way, so that later bounded runs can shrink it.
     ``vacuum=None`` (bounded, for a store in use): every step is a short write transaction,
-    with pauses between: the indexes' segments are merged MERGE_STEP_PAGES at a time (FTS5's
-    incremental merge; not into a single segment), and free pages
-    are returned VACUUM_STEP_PAGES at a time when the store uses incremental auto-vacuum
+    with pauses between, each sized by time (about half of STEP_MAX_LOCK_MS): the indexes'
+    segments are merged a number of pages at a time (FTS5's incremental merge; not into a
+    single segment), and free pages are returned a number at a time when the store uses
+    incremental auto-vacuum
     (otherwise ``vacuum_needed`` says how much only a full VACUUM can return).
     ``vacuum=False``: merge and checkpoint only. ``report`` is told each phase as it starts
     (and how far the counted ones got); ``progress``, the label of each new phase.
@@ -326,16 +335,16 @@ def _merge_in_steps(conn: Connection, name: str, locks: list[float], say: Report
     pages = conn.exec_driver_sql(f"SELECT count(*) FROM {name}_data").scalar_one()
     conn.rollback()
     most = 2 * (int(pages) // MERGE_STEP_PAGES) + 8
+    size = MERGE_STEP_PAGES
     for step in range(most):
         say(Phase("merge", f"merging {name}", step, most, "steps", name))
         with _writing(conn, locks):
             before = conn.exec_driver_sql("SELECT total_changes()").scalar_one()
-            conn.exec_driver_sql(
-                f"INSERT INTO {name}({name}, rank) VALUES ('merge', {MERGE_STEP_PAGES})"
-            )
+            conn.exec_driver_sql(f"INSERT INTO {name}({name}, rank) VALUES ('merge', {size})")
             done = conn.exec_driver_sql("SELECT total_changes()").scalar_one() - before < 2
         if done:
             return
+        size = backfill.next_size(size, locks[-1] * 1000, STEP_MAX_LOCK_MS, MAX_MERGE_PAGES)
         time.sleep(locks[-1] * STEP_PAUSE)
 
 
@@ -361,21 +370,36 @@ def _vacuum_in_steps(driver: sqlite3.Connection, locks: list[float], say: Report
         return 0
     if driver.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # not INCREMENTAL
         return int(free * page_size)
-    total = free
+    total, size = free, VACUUM_STEP_PAGES
     while free:
         say(Phase("vacuum", "returning free pages in steps", total - free, total, "pages"))
-        started = time.perf_counter()
-        driver.execute("BEGIN IMMEDIATE")
-        try:
-            driver.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})").fetchall()
-            driver.execute("COMMIT")
-        except BaseException:
-            driver.execute("ROLLBACK")
-            raise
-        locks.append(time.perf_counter() - started)
-        free = driver.execute("PRAGMA freelist_count").fetchone()[0]
+        locks.append(_vacuum_step(driver, size))
+        left = driver.execute("PRAGMA freelist_count").fetchone()[0]
+        if left >= free:  # nothing returned (the agent freed as many meanwhile): stop
+            return 0
+        free = left
+        size = backfill.next_size(size, locks[-1] * 1000, STEP_MAX_LOCK_MS, MAX_VACUUM_PAGES)
         time.sleep(locks[-1] * STEP_PAUSE)
     return 0
+
+
+def _vacuum_step(driver: sqlite3.Connection, pages: int) -> float:
+    """One write transaction returning up to ``pages`` free pages; how long it held the
+    write lock. The pragma returns one page per step of its statement, and the driver's
+    execute() steps a statement without result columns once: so it runs in a script,
+    stepped to its end, the hold timed from a function the script calls with the lock."""
+    started: list[float] = []
+    driver.create_function("hermes_store_locked", 0, lambda: started.append(time.perf_counter()))
+    try:
+        driver.executescript(
+            "BEGIN IMMEDIATE; SELECT hermes_store_locked(); "
+            f"PRAGMA incremental_vacuum({int(pages)}); COMMIT;"
+        )
+    except BaseException:
+        if driver.in_transaction:
+            driver.execute("ROLLBACK")
+        raise
+    return time.perf_counter() - (started[0] if started else time.perf_counter())
 
 
 #: How long a TRUNCATE checkpoint may wait for readers. While it waits, it keeps new
@@ -390,6 +414,9 @@ def truncate_wal(driver: sqlite3.Connection) -> bool:
     blocks anyone) and return False: the WAL keeps its size until the next checkpoint.
     """
     (previous,) = driver.execute("PRAGMA busy_timeout").fetchone()
+    # First the frames copied with writers let in: the TRUNCATE, which keeps them out
+    # while it runs, then has only what was committed meanwhile to copy.
+    driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     driver.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
     try:
         busy, _log, _done = driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
