@@ -352,6 +352,17 @@ class Backend:
         """An engine whose transactions write a copy's batches."""
         raise NotImplementedError
 
+    def defer_commit_sync(self, conn: Connection) -> bool:
+        """Let this connection's commits leave the flush of their log to disk to
+        :meth:`sync_commits`, run after the write lock is let go (a store whose writers
+        queue behind each flush); True when they do. The caller runs
+        :meth:`sync_commits` after each commit, before its next step relies on it."""
+        return False
+
+    def sync_commits(self, url: str) -> None:
+        """Flush to disk what the commits :meth:`defer_commit_sync` let through left in
+        the store's log (nothing where commits flush themselves)."""
+
     def message_id_high_water(self, conn: Connection) -> int:
         """The highest message id the database ever handed out (its sequence, or max(id))."""
         raise NotImplementedError

@@ -199,6 +199,43 @@ def test_the_hot_file_shrinks(hot: Path, tmp_path: Path) -> None:
     assert result.vacuum_needed_bytes == 0
 
 
+def test_each_commit_of_a_batch_is_on_disk_before_the_next_step(
+    hot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archive's writes leave the WAL's flush out of the write lock (the agent does
+    not wait for the disk), and flush it themselves right after: no step starts before
+    the commit of the one before it is on disk (a power cut then loses no step's work)."""
+    from hermes_store.sqlite import copy as sqlite_copy
+
+    events: list[tuple[str, str]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def committed(conn: Any) -> None:
+        raw = conn.connection.driver_connection
+        if raw.execute("PRAGMA synchronous").fetchone()[0] == 1:  # NORMAL: deferred
+            (_, _, name) = raw.execute("PRAGMA database_list").fetchone()
+            events.append(("commit", name))
+
+    monkeypatch.setattr(sqlite_copy.os, "fsync", fsync)
+    event.listen(Engine, "commit", committed)
+    try:
+        result = archive_sessions(str(hot), str(tmp_path / "a.db"), criterion(older_than="90d"))
+    finally:
+        event.remove(Engine, "commit", committed)
+    assert result.moved.sessions
+    commits = [i for i, (kind, _) in enumerate(events) if kind == "commit"]
+    assert {events[i][1] for i in commits} == {str(hot), str(tmp_path / "a.db")}
+    for i in commits:
+        store = events[i][1]
+        assert events[i + 1 : i + 2] == [("fsync", store + "-wal")], events[i : i + 3]
+    with contextlib.closing(sqlite3.connect(hot)) as conn:  # the agent's setting untouched
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+
+
 # -- refusals: one line, nothing changed, non-zero -------------------------------------------
 
 

@@ -297,6 +297,8 @@ class Mover:
         """One write transaction on ``side`` (a ``step`` of a batch); on the hot store, how
         long it held the write lock (from the BEGIN that took it to the COMMIT) is kept."""
         with side.writer.connect() as conn:
+            # The commit's flush to disk is made below, once the lock is let go.
+            deferred = side.backend.defer_commit_sync(conn)
             transaction = conn.begin()  # waits for the write lock (the busy timeout)
             started = time.perf_counter()
             try:
@@ -307,7 +309,9 @@ class Mover:
                 raise
             finally:
                 self._timed(side, step, started)
-            return result
+        if deferred:  # durable before the next step relies on it
+            side.backend.sync_commits(side.url)
+        return result
 
     # -- a new batch ----------------------------------------------------------------------
 

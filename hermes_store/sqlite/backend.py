@@ -295,6 +295,16 @@ class SQLiteBackend(Backend):
 
         return copy.open_target(url)
 
+    def defer_commit_sync(self, conn: Connection) -> bool:
+        from hermes_store.sqlite import copy
+
+        return copy.defer_commit_sync(conn)
+
+    def sync_commits(self, url: str) -> None:
+        from hermes_store.sqlite import copy
+
+        copy.sync_log(self.store_file(url))
+
     def message_id_high_water(self, conn: Connection) -> int:
         from hermes_store.sqlite import copy
 
