@@ -34,6 +34,7 @@ from hermes_store.errors import Interrupted
 from hermes_store.progress import Phase, Report
 from hermes_store.sqlite.changelog import drop_change_log
 from hermes_store.sqlite.fts import (
+    COMPACTION_KEY,
     INDEXES,
     SOURCE_VIEW,
     begin_writing,
@@ -56,7 +57,7 @@ MERGING = "{index}.backfill_merging"
 #: Set (on the staged table's name) while `<index>_next` rebuilds the head's own index to
 #: compact it (:mod:`hermes_store.sqlite.compaction`): only then may :func:`swap_in`
 #: replace an index that is already in the external layout.
-COMPACTION = "{index}.compaction"
+COMPACTION = COMPACTION_KEY
 #: FTS5's default 'automerge'; the fill turns it off so that no chunk pays for a merge.
 DEFAULT_AUTOMERGE = 4
 MERGE_PAGES = 16
