@@ -180,14 +180,16 @@ def _checked(path: Path) -> None:
 
 
 def _exact(path: Path) -> None:
-    """Store.search of each keyword finds exactly the messages holding it."""
+    """Store.search of each keyword finds exactly the messages holding it (the agent only
+    appends meanwhile: its newer messages are left out)."""
     with contextlib.closing(sqlite3.connect(path)) as conn:
         rows = list(conn.execute("SELECT id, content FROM messages"))
+    last = max(mid for mid, _text in rows)
     with Store.open(str(path)) as store:
         for word in KEYWORDS[:4]:
             found = store.search(word, limit=100_000)
             assert found.degraded is None
-            hits = {hit["id"] for hit in found}
+            hits = {hit["id"] for hit in found if hit["id"] <= last}
             assert hits == {mid for mid, text in rows if word in text.split()}, word
 
 
@@ -292,6 +294,14 @@ def test_a_compaction_killed_at_a_step_is_finished_by_the_next_optimize(
         try:
             with engine.connect() as conn:
                 assert compaction.in_progress(conn)
+                rebuilding = compaction.compacting(conn)
+            if rebuilding:  # the current index serves the search, complete
+                from hermes_store.sqlite.search_state import index_tables
+
+                with Store.open(str(hot)) as store:
+                    with store.engine.connect() as conn:
+                        assert index_tables(conn)[0]["messages_fts"] == "messages_fts"
+            _exact(hot)
             check = CliRunner().invoke(main, ["check", "--db", str(hot)])
             assert check.exit_code == 0, check.output
             finished = optimize(engine, vacuum=None)  # no --compact: it goes on anyway
@@ -326,3 +336,24 @@ def test_swap_in_still_refuses_an_index_the_application_replaced(
     assert "messages_fts_next" not in names
     assert "messages_fts_retired" not in names
     _checked(hot)
+
+
+def test_optimize_compact_rebuilds_the_indexes_and_says_so(
+    templates: dict[str, Path], tmp_path: Path
+) -> None:
+    hot = _copy(templates["incremental"], tmp_path / "state.db")
+    with contextlib.closing(sqlite3.connect(hot)) as conn:
+        conn.execute("DELETE FROM messages WHERE session_id < 's3'")  # 23 of 50 sessions
+        conn.commit()
+    runner = CliRunner()
+    done = runner.invoke(main, ["optimize", "--db", str(hot), "--compact", "--json"])
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.output)
+    assert result["compacted"] == ["messages_fts", "messages_fts_trigram"]
+    assert result["index_bytes_after"] < result["index_bytes_before"]
+    assert result["longest_write_lock_s"] < 0.5
+    refused = runner.invoke(main, ["optimize", "--db", str(hot), "--compact", "--vacuum"])
+    assert refused.exit_code == 2
+    assert "pick one" in refused.output
+    _checked(hot)
+    _exact(hot)
