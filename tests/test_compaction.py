@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from click.testing import CliRunner
 
 from hermes_store import migrate
 from hermes_store.archive import archive_sessions, criterion
+from hermes_store.archive.run import COMPACT_SHARE
 from hermes_store.cli import main
 from hermes_store.engine import create_store_engine
 from hermes_store.sqlite import backfill, compaction
@@ -100,7 +102,8 @@ def _bytes(path: Path) -> int:
 
 #: Appends a message to the live session every few ms (one commit each, as the agent
 #: does), and compares each index's answers with an exact scan in one read snapshot;
-#: prints what it saw as JSON when the stop file appears.
+#: prints what it saw as JSON when the stop file appears (its longest wait is a figure
+#: of benchmarks/archive_targets.py: no test asserts a wall-clock time).
 _AGENT = textwrap.dedent(
     """
     import json, os, random, sqlite3, sys, time
@@ -217,7 +220,6 @@ def test_archive_most_of_a_store_shrinks_the_hot_file(
     assert after < 0.6 * before, (before, after)
     assert seen["wrong"] == []
     assert int(str(seen["rounds"])) > 0
-    assert float(str(seen["waits"])) < 0.5
     _checked(hot)
     _exact(hot)
 
@@ -351,9 +353,21 @@ def test_optimize_compact_rebuilds_the_indexes_and_says_so(
     result = json.loads(done.output)
     assert result["compacted"] == ["messages_fts", "messages_fts_trigram"]
     assert result["index_bytes_after"] < result["index_bytes_before"]
-    assert result["longest_write_lock_s"] < 0.5
     refused = runner.invoke(main, ["optimize", "--db", str(hot), "--compact", "--vacuum"])
     assert refused.exit_code == 2
     assert "pick one" in refused.output
     _checked(hot)
     _exact(hot)
+
+
+def test_an_archive_run_below_the_share_does_not_compact(
+    templates: dict[str, Path], tmp_path: Path
+) -> None:
+    hot = _copy(templates["incremental"], tmp_path / "state.db")
+    before = datetime.fromtimestamp(OLD + 330, UTC).isoformat()  # s0..s4: a tenth
+    result = archive_sessions(str(hot), str(tmp_path / "a.db"), criterion(before=before))
+    assert result.moved.sessions == 5
+    assert result.moved.messages < COMPACT_SHARE * result.messages_before
+    assert result.compacted == []
+    assert result.as_dict()["compaction"]["indexes"] == []
+    _checked(hot)
