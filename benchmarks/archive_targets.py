@@ -350,7 +350,9 @@ def _compacted(archived: dict[str, Any]) -> str:
         if before is not None and after is not None
         else ""
     )
-    return f"{', '.join(done['indexes'])}: {sizes}{done.get('seconds', 0):.1f} s"
+    held = done.get("longest_write_lock_s")
+    lock = f", longest write lock {held:.3f} s" if held is not None else ""
+    return f"{', '.join(done['indexes'])}: {sizes}{done.get('seconds', 0):.1f} s{lock}"
 
 
 def markdown(result: dict[str, Any]) -> str:
