@@ -350,8 +350,9 @@ def _compacted(archived: dict[str, Any]) -> str:
         if before is not None and after is not None
         else ""
     )
-    held = done.get("longest_write_lock_s")
+    held, after = done.get("longest_write_lock_s"), done.get("give_back_longest_write_lock_s")
     lock = f", longest write lock {held:.3f} s" if held is not None else ""
+    lock += f" (after the batches, all steps: {after:.3f} s)" if after is not None else ""
     return f"{', '.join(done['indexes'])}: {sizes}{done.get('seconds', 0):.1f} s{lock}"
 
 

@@ -85,6 +85,8 @@ class MoveResult:
     #: The longest write lock of the give-back after the batches (compaction, merges,
     #: vacuum steps), in seconds.
     give_back_lock_s: float = 0.0
+    #: ... and of the compaction's steps alone.
+    compact_lock_s: float = 0.0
     #: The store's messages before the run (what COMPACT_SHARE is a share of).
     messages_before: int = 0
     #: A batch a stopped run left, which the next run finishes (dry runs only).
@@ -132,7 +134,8 @@ class MoveResult:
                 "index_bytes_before": self.index_bytes_before,
                 "index_bytes_after": self.index_bytes_after,
                 "seconds": round(self.compact_seconds, 3),
-                "longest_write_lock_s": round(self.give_back_lock_s, 3),
+                "longest_write_lock_s": round(self.compact_lock_s, 3),
+                "give_back_longest_write_lock_s": round(self.give_back_lock_s, 3),
                 "messages_before": self.messages_before,
                 "threshold_share": COMPACT_SHARE,
             },
@@ -167,6 +170,7 @@ def _give_back(side: Side, result: MoveResult) -> None:
     result.index_bytes_after = getattr(shown, "index_bytes_after", None)
     result.compact_seconds = float(getattr(shown, "compact_seconds", 0.0))
     result.give_back_lock_s = float(getattr(shown, "longest_write_lock_s", 0.0))
+    result.compact_lock_s = float(getattr(shown, "compact_longest_lock_s", 0.0))
 
 
 def _finish(src: Side, result: MoveResult) -> None:

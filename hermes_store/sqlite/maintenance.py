@@ -107,6 +107,7 @@ class OptimizeResult:
     index_bytes_before: int | None = None
     index_bytes_after: int | None = None
     compact_seconds: float = 0.0
+    compact_longest_lock_s: float = 0.0
 
     @property
     def reclaimed(self) -> int:
@@ -334,6 +335,7 @@ def _optimize(engine: Engine, vacuum: bool | None, compact: bool, say: Tracker) 
         compacted.bytes_before,
         compacted.bytes_after,
         compacted.seconds,
+        round(compacted.longest_lock_s, 3),
     )
 
 
