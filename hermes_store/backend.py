@@ -253,13 +253,22 @@ class Backend:
         engine: Engine,
         *,
         vacuum: bool | None = None,
+        compact: bool = False,
         report: Report | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> Shown:
         """Give free space back and refresh the store's indexes, without locking the agent
         out unless asked. ``vacuum`` picks a mode (True: full, False: none) where
-        ``features.vacuum_modes``; ``report`` is told each phase, ``progress`` its label."""
+        ``features.vacuum_modes``; ``compact``: also rebuild the search indexes online
+        where deleted rows leave entries behind until then (SQLite's FTS5; PostgreSQL's
+        VACUUM reclaims its indexes' dead entries itself); ``report`` is told each phase,
+        ``progress`` its label."""
         raise NotImplementedError
+
+    def compaction_pending(self, engine: Engine) -> bool:
+        """Whether an online rebuild of the search indexes (``optimize(compact=True)``) was
+        stopped before its end: the next ``optimize`` finishes it."""
+        return False
 
     def finish_deferred(
         self,

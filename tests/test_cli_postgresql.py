@@ -297,6 +297,13 @@ def test_optimize_vacuums_and_analyzes_the_store_tables(pg_store: str) -> None:
     assert out.startswith("VACUUM (ANALYZE) of ")
 
 
+def test_optimize_compact_says_there_is_nothing_to_rebuild(pg_store: str) -> None:
+    out = invoke("optimize", "--db", pg_store, "--compact").stdout
+    assert out.startswith("VACUUM (ANALYZE) of ")
+    assert "--compact: nothing to rebuild on PostgreSQL" in out
+    assert invoke_json("optimize", "--db", pg_store, "--compact")["notes"]
+
+
 # --------------------------------------------------------------------------------------
 # check
 # --------------------------------------------------------------------------------------

@@ -45,6 +45,12 @@ BATCH_MESSAGES = 2000
 FIRST_BATCH_MESSAGES = 200
 #: Sessions per batch at most (their ids are one IN list per statement).
 BATCH_SESSIONS = 200
+#: A run that moved at least this share of the store's messages (counted before the run)
+#: also compacts the search indexes it left (``optimize(compact=True)``: each rebuilt
+#: online and swapped in). Below it, the bounded merges keep the index near its size (a
+#: delete marker costs a few bytes a row), and a rebuild, one pass over the text still in
+#: the store, would cost more than it returns.
+COMPACT_SHARE = 0.2
 
 
 @dataclass
@@ -70,6 +76,19 @@ class MoveResult:
     bytes_after: int = 0
     #: Free bytes only a full vacuum (`hermes-store optimize --vacuum`) can return.
     vacuum_needed_bytes: int = 0
+    #: The search indexes rebuilt online after the batches (see COMPACT_SHARE), their
+    #: bytes before and after (None: not measured) and the seconds it took.
+    compacted: list[str] = field(default_factory=list)
+    index_bytes_before: int | None = None
+    index_bytes_after: int | None = None
+    compact_seconds: float = 0.0
+    #: The longest write lock of the give-back after the batches (compaction, merges,
+    #: vacuum steps), in seconds.
+    give_back_lock_s: float = 0.0
+    #: ... and of the compaction's steps alone.
+    compact_lock_s: float = 0.0
+    #: The store's messages before the run (what COMPACT_SHARE is a share of).
+    messages_before: int = 0
     #: A batch a stopped run left, which the next run finishes (dry runs only).
     in_flight: str = ""
     #: restore: the session is in the hot store already (nothing to move).
@@ -115,6 +134,16 @@ class MoveResult:
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,
             "vacuum_needed_bytes": self.vacuum_needed_bytes,
+            "compaction": {
+                "indexes": self.compacted,
+                "index_bytes_before": self.index_bytes_before,
+                "index_bytes_after": self.index_bytes_after,
+                "seconds": round(self.compact_seconds, 3),
+                "longest_write_lock_s": round(self.compact_lock_s, 3),
+                "give_back_longest_write_lock_s": round(self.give_back_lock_s, 3),
+                "messages_before": self.messages_before,
+                "threshold_share": COMPACT_SHARE,
+            },
             "nothing_to_move": self.nothing_to_move,
             "in_hot_store_already": self.in_hot,
             "seconds": round(self.seconds, 3),
@@ -125,18 +154,35 @@ def _size(side: Side) -> int:
     return sum(side.backend.stats(side.reader).sizes.values())
 
 
-def _give_back(side: Side) -> int:
+def _measure(side: Side, result: MoveResult) -> None:
+    """The store's bytes and messages before the run."""
+    stats = side.backend.stats(side.reader)
+    result.bytes_before = sum(stats.sizes.values())
+    result.messages_before = stats.messages
+
+
+def _give_back(side: Side, result: MoveResult) -> None:
     """The bounded ``optimize`` on the store the rows left: the index segments the deletes
-    added merged in short steps, the WAL checkpointed, free pages returned in steps.
-    Returns the bytes only a full vacuum could return."""
-    shown = side.backend.optimize(side.reader, vacuum=None)
-    return int(getattr(shown, "vacuum_needed_bytes", 0))
+    added merged in short steps (or, past COMPACT_SHARE, each index rebuilt online and
+    swapped in), the WAL checkpointed, free pages returned in steps; the bytes only a full
+    vacuum could return recorded."""
+    moved = result.moved.messages
+    compact = moved > 0 and moved >= COMPACT_SHARE * result.messages_before
+    shown = side.backend.optimize(side.reader, vacuum=None, compact=compact)
+    result.vacuum_needed_bytes = int(getattr(shown, "vacuum_needed_bytes", 0))
+    result.compacted = list(getattr(shown, "compacted", []))
+    result.index_bytes_before = getattr(shown, "index_bytes_before", None)
+    result.index_bytes_after = getattr(shown, "index_bytes_after", None)
+    result.compact_seconds = float(getattr(shown, "compact_seconds", 0.0))
+    result.give_back_lock_s = float(getattr(shown, "longest_write_lock_s", 0.0))
+    result.compact_lock_s = float(getattr(shown, "compact_longest_lock_s", 0.0))
 
 
 def _finish(src: Side, result: MoveResult) -> None:
-    """After the batches: the space given back on the store the rows left, and its size."""
-    if result.moved.batches:
-        result.vacuum_needed_bytes = _give_back(src)
+    """After the batches: the space given back on the store the rows left (also when only
+    a compaction a stopped run left is to finish), and its size."""
+    if result.moved.batches or src.backend.compaction_pending(src.reader):
+        _give_back(src, result)
     result.bytes_after = _size(src)
 
 
@@ -219,7 +265,7 @@ def archive_sessions(
     result.created_archive = dst is not None and dst.created
     shaped = enter(src.shape)
     try:
-        result.bytes_before = _size(src)
+        _measure(src, result)
         if dry_run:
             result.in_flight = _in_flight(src, dst)
         elif dst is not None:
@@ -319,7 +365,7 @@ def restore_session(
     result = MoveResult("restore", dst.shown, src.shown, dry_run, None)
     shaped = enter(dst.shape)
     try:
-        result.bytes_before = _size(src)
+        _measure(src, result)
         if dry_run:
             result.in_flight = _in_flight(dst, src)
         else:

@@ -50,6 +50,17 @@ def _print(result: Any) -> None:
     shrunk = "hot store" if result.direction == "archive" else "archive"
     if not result.dry_run and moved.batches:
         say(f"{shrunk}: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}")
+    if result.compacted:
+        sizes = (result.index_bytes_before, result.index_bytes_after)
+        say(
+            f"compacted the search indexes ({', '.join(result.compacted)}) online in "
+            f"{result.compact_seconds:.1f} s"
+            + (
+                f": {human_bytes(sizes[0])} -> {human_bytes(sizes[1])}"
+                if sizes[0] is not None and sizes[1] is not None
+                else ""
+            )
+        )
     if result.vacuum_needed_bytes:
         say(
             f"{human_bytes(result.vacuum_needed_bytes)} of free pages can only be returned by "

@@ -39,8 +39,14 @@ def backend_of_db(db: str | None) -> Backend:
     "(stop the agent or let it idle); switches the store to incremental auto-vacuum.",
 )
 @click.option("--no-vacuum", is_flag=True, help="Merge and checkpoint only.")
+@click.option(
+    "--compact",
+    is_flag=True,
+    help="Also rebuild the search indexes online, in short steps, and swap them in: drops "
+    "what deleted messages left in them (after an archive run, say).",
+)
 @json_option
-def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None:
+def optimize(db: str | None, full: bool, no_vacuum: bool, compact: bool, as_json: bool) -> None:
     """Merge the FTS indexes, checkpoint the WAL and shrink the file; print what was reclaimed.
 
     By default every step is a short write transaction, with pauses between, so the agent
@@ -52,14 +58,27 @@ def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None
     each GIN index (the pages cleaned are reported), then VACUUM (ANALYZE) of each of the
     store's tables, which never locks out the agent.
 
+    `--compact` (SQLite) first rebuilds each FTS5 index beside itself from the messages,
+    in short paced steps, swaps it in and frees the old one in steps: FTS5 keeps a deleted
+    message's entries until a merge that bounded steps do not reach, so after most
+    messages left (an archive run) only this gives the index's pages back. Search stays
+    exact throughout; an interrupted compaction is finished by the next `optimize`. On
+    PostgreSQL VACUUM already reclaims the indexes: there is nothing to rebuild.
+
     \b
     Examples:
       hermes-store optimize --db state.db
+      hermes-store optimize --db state.db --compact    # after archiving most of it
       hermes-store optimize --db state.db --vacuum     # with the agent stopped
       hermes-store optimize --db postgresql+psycopg://hermes@db/hermes --json
     """
     if full and no_vacuum:
         raise click.UsageError("--vacuum and --no-vacuum contradict each other: pick one")
+    if full and compact:
+        raise click.UsageError(
+            "--vacuum already merges each index whole (holding the lock); --compact is the "
+            "bounded way to the same end: pick one"
+        )
     vacuum = True if full else False if no_vacuum else None
     with operator_errors():
         if vacuum is not None:
@@ -67,7 +86,9 @@ def optimize(db: str | None, full: bool, no_vacuum: bool, as_json: bool) -> None
         engine = open_existing(db)
         try:
             with interrupted(), phases(not as_json) as report:
-                result = backend_of(engine).optimize(engine, vacuum=vacuum, report=report)
+                result = backend_of(engine).optimize(
+                    engine, vacuum=vacuum, compact=compact, report=report
+                )
         finally:
             engine.dispose()  # its pooled connections keep the -wal open, deleted or not
     emit_result(result, as_json)

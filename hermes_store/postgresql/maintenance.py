@@ -58,6 +58,8 @@ class ServerOptimizeResult:
     pending_rows_cleaned: dict[str, int] | None = None
     #: Index or table -> why the server refused to clean or vacuum it.
     refused: dict[str, str] = field(default_factory=dict)
+    #: What an option asked for that this database does by itself (``--compact``).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def reclaimed(self) -> int:
@@ -87,7 +89,14 @@ class ServerOptimizeResult:
             )
         for name, reason in self.refused.items():
             lines.append(f"not done on {name}: {reason}")
-        return lines
+        return lines + self.notes
+
+
+#: What `optimize --compact` says on PostgreSQL.
+NOTHING_TO_COMPACT = (
+    "--compact: nothing to rebuild on PostgreSQL: VACUUM makes the GIN indexes' dead "
+    "entries reusable, as it did above"
+)
 
 
 def store_bytes(conn: Connection) -> int:
@@ -145,6 +154,7 @@ def optimize_server(engine: Engine, report: Report | None = None) -> ServerOptim
 
 
 __all__ = [
+    "NOTHING_TO_COMPACT",
     "ServerOptimizeResult",
     "optimize_server",
     "server_stats",

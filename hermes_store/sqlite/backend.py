@@ -190,13 +190,22 @@ class SQLiteBackend(Backend):
         engine: Engine,
         *,
         vacuum: bool | None = None,
+        compact: bool = False,
         report: Report | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> Shown:
-        """FTS5 merges, a WAL checkpoint, and free pages returned (in steps, or by VACUUM)."""
+        """FTS5 merges (or, ``compact``, each index rebuilt online and swapped in), a WAL
+        checkpoint, and free pages returned (in steps, or by VACUUM)."""
         from hermes_store.sqlite.maintenance import optimize
 
-        return optimize(engine, vacuum=vacuum, report=report, progress=progress)
+        return optimize(engine, vacuum=vacuum, compact=compact, report=report, progress=progress)
+
+    def compaction_pending(self, engine: Engine) -> bool:
+        """An index rebuilt beside itself, or a swapped-out one, still to finish."""
+        from hermes_store.sqlite.compaction import in_progress
+
+        with engine.connect() as conn:
+            return in_progress(conn)
 
     def finish_deferred(
         self,

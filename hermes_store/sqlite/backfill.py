@@ -34,12 +34,14 @@ from hermes_store.errors import Interrupted
 from hermes_store.progress import Phase, Report
 from hermes_store.sqlite.changelog import drop_change_log
 from hermes_store.sqlite.fts import (
+    COMPACTION_KEY,
     INDEXES,
     SOURCE_VIEW,
     begin_writing,
     index_layout,
     is_application_layout,
     logical_index,
+    normalise_sql,
     present_indexes,
     retired_indexes,
     staged_indexes,
@@ -52,6 +54,10 @@ HIGH_WATER = "{index}.backfill_high_water"
 INDEXED_UPTO = "{index}.backfill_indexed_upto"
 #: Set when the fill is done and the segments it wrote still have to be merged.
 MERGING = "{index}.backfill_merging"
+#: Set (on the staged table's name) while `<index>_next` rebuilds the head's own index to
+#: compact it (:mod:`hermes_store.sqlite.compaction`): only then may :func:`swap_in`
+#: replace an index that is already in the external layout.
+COMPACTION = COMPACTION_KEY
 #: FTS5's default 'automerge'; the fill turns it off so that no chunk pays for a merge.
 DEFAULT_AUTOMERGE = 4
 MERGE_PAGES = 16
@@ -419,12 +425,18 @@ def swap_in(conn: Connection, index: str) -> int:
     staged, retired = staged_name(index), index + SQLITE.retired_suffix
     if any(item.index == staged for item in pending(conn)) or staged in merging(conn):
         raise ValueError(f"{staged} is not complete yet: it cannot replace {index}")
-    if is_application_layout(conn) or index_layout(conn, index) == "external":
+    compaction = is_compaction(conn, staged)
+    replaced = (
+        not is_head_index(conn, index) if compaction else index_layout(conn, index) == "external"
+    )
+    if is_application_layout(conn) or replaced:
         # Someone else (the Hermes application moving to its own layout) replaced the
-        # legacy index meanwhile: its table is not ours to retire. The staged one goes.
+        # legacy index (or, for a compaction, the head's own) meanwhile: its table is not
+        # ours to retire. The staged one goes.
         for trigger in SQLITE.staged_trigger_names(index):
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}")
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {staged}")
+        _forget_compaction(conn, staged)
         log.warning(
             "backfill: %s was replaced by another layout while %s was built; %s dropped, "
             "%s left as it is",
@@ -442,8 +454,32 @@ def swap_in(conn: Connection, index: str) -> int:
     conn.exec_driver_sql(f"ALTER TABLE {staged} RENAME TO {index}")
     for ddl in head.triggers:
         conn.exec_driver_sql(ddl)
-    log.info("backfill: %s swapped in for the legacy index %s (now %s)", staged, index, retired)
+    _forget_compaction(conn, staged)
+    what = "its compacted rebuild" if compaction else "the legacy index"
+    log.info("backfill: %s swapped in for %s %s (now %s)", staged, what, index, retired)
     return 1
+
+
+def is_compaction(conn: Connection, staged: str) -> bool:
+    """Whether the staged table ``staged`` (``messages_fts_next``) is a compaction of the
+    head's own index (its :data:`COMPACTION` key is set)."""
+    return COMPACTION.format(index=staged) in _meta(conn)
+
+
+def is_head_index(conn: Connection, index: str) -> bool:
+    """Whether ``index`` is declared exactly as this package's head declares it."""
+    declaration = conn.execute(
+        text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = :t"), {"t": index}
+    ).scalar()
+    if declaration is None:
+        return False
+    return normalise_sql(str(declaration)) == normalise_sql(SQLITE.index(index).external_sql)
+
+
+def _forget_compaction(conn: Connection, staged: str) -> None:
+    conn.execute(
+        text("DELETE FROM state_meta WHERE key = :key"), {"key": COMPACTION.format(index=staged)}
+    )
 
 
 def retire_step(conn: Connection, retired: str, rows: int) -> int:

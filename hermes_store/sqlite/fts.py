@@ -123,6 +123,27 @@ def staged_name(index: str) -> str:
     return index + SQLITE.staged_suffix
 
 
+#: Set in `state_meta` (on the staged table's name, ``messages_fts_next.compaction``) while
+#: an index in the head's own layout is rebuilt beside itself to compact it
+#: (:mod:`hermes_store.sqlite.compaction`): the current index stays complete and serves.
+COMPACTION_KEY = "{index}.compaction"
+
+
+def compaction_staged(conn: Connection, staged: Collection[str]) -> set[str]:
+    """Those of the staged tables ``staged`` that compact a complete index."""
+    if not staged:
+        return set()
+    keys = [COMPACTION_KEY.format(index=name) for name in staged]
+    rows = conn.execute(
+        text("SELECT key FROM state_meta WHERE key IN :keys").bindparams(
+            bindparam("keys", expanding=True)
+        ),
+        {"keys": keys},
+    )
+    found = {str(row[0]) for row in rows}
+    return {name for name in staged if COMPACTION_KEY.format(index=name) in found}
+
+
 def retired_name(index: str) -> str:
     """The name a swapped-out legacy index keeps until it is dropped."""
     return index + SQLITE.retired_suffix

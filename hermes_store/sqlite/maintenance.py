@@ -30,7 +30,7 @@ from hermes_store.maintenance import (
     store_counts,
 )
 from hermes_store.progress import Phase, Report, Tracker
-from hermes_store.sqlite import backfill
+from hermes_store.sqlite import backfill, compaction
 from hermes_store.sqlite.backfill import pending, rows_left
 from hermes_store.sqlite.backup import backup_from, default_backup_path, remove_partials
 from hermes_store.sqlite.engine import sqlite_errors
@@ -98,6 +98,16 @@ class OptimizeResult:
     #: Bytes of free pages only a full VACUUM can return (a bounded run on a store without
     #: incremental auto-vacuum); 0 when nothing is left to return.
     vacuum_needed_bytes: int = 0
+    #: Indexes rebuilt online to compact them (``compact``, or a compaction a killed run
+    #: left), and those ``compact`` left as they were, with the reason.
+    compacted: list[str] = field(default_factory=list)
+    not_compacted: dict[str, str] = field(default_factory=dict)
+    #: The FTS5 indexes' bytes (their shadow tables) before and after the compaction;
+    #: None without a compaction, or where this SQLite has no dbstat.
+    index_bytes_before: int | None = None
+    index_bytes_after: int | None = None
+    compact_seconds: float = 0.0
+    compact_longest_lock_s: float = 0.0
 
     @property
     def reclaimed(self) -> int:
@@ -115,6 +125,13 @@ class OptimizeResult:
             f"(reclaimed {human_bytes(self.reclaimed)}; merged {len(self.indexes)} "
             f"index(es); longest write lock {self.longest_write_lock_s:.2f} s)"
         ]
+        if self.compacted:
+            sizes = (self.index_bytes_before or 0, self.index_bytes_after or 0)
+            shown.append(
+                f"compacted {', '.join(self.compacted)} online in {self.compact_seconds:.1f} s"
+                + (f": {human_bytes(sizes[0])} -> {human_bytes(sizes[1])}" if all(sizes) else "")
+            )
+        shown += [f"not compacted {name}: {why}" for name, why in self.not_compacted.items()]
         shown += [
             f"removed {leftover}, left by an interrupted backup"
             for leftover in self.removed_partials
@@ -188,6 +205,7 @@ def optimize(
     engine: Engine,
     *,
     vacuum: bool | None = True,
+    compact: bool = False,
     progress: Progress | None = None,
     report: Report | None = None,
 ) -> OptimizeResult:
@@ -203,7 +221,11 @@ def optimize(
     single segment), and free pages are returned a number at a time when the store uses
     incremental auto-vacuum
     (otherwise ``vacuum_needed`` says how much only a full VACUUM can return).
-    ``vacuum=False``: merge and checkpoint only. ``report`` is told each phase as it starts
+    ``vacuum=False``: merge and checkpoint only. ``compact``: first rebuild each FTS5
+    index online, beside itself, and swap it in (:mod:`hermes_store.sqlite.compaction`:
+    every step short, the current index serving until the swap), which drops the delete
+    markers a bounded merge leaves; a compaction a killed run left is finished in any mode,
+    with or without ``compact``. ``report`` is told each phase as it starts
     (and how far the counted ones got); ``progress``, the label of each new phase.
     Interrupted, it raises Interrupted saying what was kept and what is left.
     """
@@ -218,7 +240,7 @@ def optimize(
 
     tracker = Tracker(both)
     try:
-        return _optimize(engine, vacuum, tracker)
+        return _optimize(engine, vacuum, compact, tracker)
     except KeyboardInterrupt as exc:
         raise Interrupted(_interrupted(engine, vacuum, tracker.last)) from exc
 
@@ -237,11 +259,17 @@ def _interrupted(engine: Engine, vacuum: bool | None, phase: Phase | None) -> st
     with engine.connect() as conn:
         names = retired_indexes(conn)
         rows = sum(backfill.retired_rows(conn, name) for name in names)
+        rebuilding = compaction.compacting(conn)
     left = f"; {rows:,} rows of {', '.join(names)} are still to free" if names else ""
+    if rebuilding:
+        left += (
+            f"; the compaction of {', '.join(rebuilding)} is kept (the current index serves "
+            "until it is swapped in) and goes on"
+        )
     return f"interrupted while {doing}: {kept}{left}; run `{finish}` to finish"
 
 
-def _optimize(engine: Engine, vacuum: bool | None, say: Tracker) -> OptimizeResult:
+def _optimize(engine: Engine, vacuum: bool | None, compact: bool, say: Tracker) -> OptimizeResult:
     path = db_path(str(engine.url))
     require_writable(path)
     before = _on_disk(path)
@@ -253,18 +281,21 @@ def _optimize(engine: Engine, vacuum: bool | None, say: Tracker) -> OptimizeResu
     # progress and leaves the store as the previous step left it.
     with sqlite_errors(path):
         with engine.connect() as conn:
-            # A legacy index being rebuilt beside itself is not merged: it is to be dropped.
-            names = [name for name in present_indexes(conn) if name not in staged_indexes(conn)]
-            # One segment is as merged as an index gets: nothing to do, no write lock to
-            # wait for (FTS5 would only take the lock to find that out).
-            unmerged = [name for name in names if segment_count(conn, name) not in (0, 1)]
-            retired = retired_indexes(conn)
             leftover = backfill.has_change_log(conn)
             conn.rollback()
             if leftover:  # an upgrade killed between its verification and its conversion
                 say(Phase("free", "removing an interrupted upgrade's change log"))
                 with _writing(conn, locks):
                     backfill.remove_stale_change_log(conn)
+            compacted = compaction.run(engine, conn, compact=compact, report=say)
+            locks.append(compacted.longest_lock_s)
+            # A legacy index being rebuilt beside itself is not merged: it is to be dropped.
+            names = [name for name in present_indexes(conn) if name not in staged_indexes(conn)]
+            # One segment is as merged as an index gets: nothing to do, no write lock to
+            # wait for (FTS5 would only take the lock to find that out).
+            unmerged = [name for name in names if segment_count(conn, name) not in (0, 1)]
+            retired = retired_indexes(conn)
+            conn.rollback()
             if retired:  # set aside by a conversion or a swap; dropped before the merges
                 say(Phase("free", f"dropping {', '.join(retired)}"))
                 _drop_retired(conn, retired, locks, whole=bool(vacuum), report=say)
@@ -308,6 +339,12 @@ def _optimize(engine: Engine, vacuum: bool | None, say: Tracker) -> OptimizeResu
         removed,
         round(max(locks), 3),
         vacuum_needed,
+        compacted.indexes,
+        compacted.skipped,
+        compacted.bytes_before,
+        compacted.bytes_after,
+        compacted.seconds,
+        round(compacted.longest_lock_s, 3),
     )
 
 
@@ -451,7 +488,11 @@ def check_store(conn: Connection, *, quick: bool = False, snapshot: bool = True)
     """
     reading = not conn.in_transaction()
     skip = {}
+    # A compaction's current index is the head's own, complete: it is checked as usual.
+    rebuilding = set(compaction.compacting(conn))
     for item in pending(conn):
+        if item.index != item.logical and item.logical in rebuilding:
+            continue
         left = f"{rows_left(conn, item)} rows not indexed yet"
         if item.index == item.logical:
             skip[item.index] = (
@@ -464,6 +505,8 @@ def check_store(conn: Connection, *, quick: bool = False, snapshot: bool = True)
                 "it and swaps it in; the legacy index serves the application meanwhile"
             )
     for index, table in staged_indexes(conn).items():
+        if index in rebuilding:
+            continue
         skip.setdefault(
             index,
             f"rebuilt as {table}, not swapped in yet: `hermes-store optimize-storage` swaps "

@@ -91,9 +91,13 @@ def index_tables(conn: Connection) -> tuple[dict[str, str], bool]:
     present = set(conn.execute(statement).scalars())
     # An index rebuilt beside its legacy table (`messages_fts_next`) is read from the new
     # table: the legacy one keeps serving the application meanwhile, but it is the one that
-    # drifted; the new one plus its pending rows is exact.
+    # drifted; the new one plus its pending rows is exact. An index rebuilt beside itself to
+    # compact it is complete: it serves until the swap.
+    rebuilt = {name for name in staged.values() if name in present}
+    if rebuilt and "state_meta" in present:
+        rebuilt -= fts.compaction_staged(conn, rebuilt)
     tables = {
-        index: staged[index] if staged[index] in present else index
+        index: staged[index] if staged[index] in rebuilt else index
         for index in (WORD_INDEX, TRIGRAM_INDEX)
         if index in present or staged[index] in present
     }
