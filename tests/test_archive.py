@@ -205,6 +205,7 @@ def test_each_commit_of_a_batch_is_on_disk_before_the_next_step(
     """The archive's writes leave the WAL's flush out of the write lock (the agent does
     not wait for the disk), and flush it themselves right after: no step starts before
     the commit of the one before it is on disk (a power cut then loses no step's work)."""
+    from hermes_store.archive import run as archive_run
     from hermes_store.sqlite import copy as sqlite_copy
 
     events: list[tuple[str, str]] = []
@@ -221,6 +222,8 @@ def test_each_commit_of_a_batch_is_on_disk_before_the_next_step(
             events.append(("commit", name))
 
     monkeypatch.setattr(sqlite_copy.os, "fsync", fsync)
+    # The compaction after the batches is resumable step by step: it flushes at checkpoints.
+    monkeypatch.setattr(archive_run, "COMPACT_SHARE", 2.0)
     event.listen(Engine, "commit", committed)
     try:
         result = archive_sessions(str(hot), str(tmp_path / "a.db"), criterion(older_than="90d"))
