@@ -25,7 +25,7 @@ from hermes_store.archive.run import COMPACT_SHARE
 from hermes_store.cli import main
 from hermes_store.engine import create_store_engine
 from hermes_store.sqlite import backfill, compaction
-from hermes_store.sqlite.maintenance import optimize
+from hermes_store.sqlite.optimize import optimize
 from hermes_store.store import NewMessage, Store
 
 pytestmark = pytest.mark.slow
@@ -249,7 +249,7 @@ _KILLED = textwrap.dedent(
     import os, signal, sys
     from hermes_store.engine import create_store_engine
     from hermes_store.sqlite import backfill
-    from hermes_store.sqlite.maintenance import optimize
+    from hermes_store.sqlite.optimize import optimize
 
     path, name, nth = sys.argv[1], sys.argv[2], int(sys.argv[3])
     calls = []

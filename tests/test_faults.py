@@ -66,6 +66,7 @@ from hermes_store.errors import (
 from hermes_store.search import search_messages
 from hermes_store.sqlite import backfill, maintenance
 from hermes_store.sqlite import migration as sqlite_migration
+from hermes_store.sqlite import optimize as sqlite_optimize
 from hermes_store.sqlite.backup import backup
 from hermes_store.sqlite.engine import WalUnavailableWarning
 from hermes_store.sqlite.fts import LAYOUT_MARKER
@@ -400,7 +401,7 @@ def test_a_vacuum_that_runs_out_of_space_midway_is_rolled_back(
     small_templates: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The space check passed, then someone else filled the disk: VACUUM fails cleanly."""
-    monkeypatch.setattr(maintenance, "check_vacuum_space", lambda _path: None)
+    monkeypatch.setattr(sqlite_optimize, "check_vacuum_space", lambda _path: None)
     template = small_templates["head"]
     size = template.stat().st_size
     with tmpfs(tmp_path / "disk", size * 3 + (4 << 20)) as disk:

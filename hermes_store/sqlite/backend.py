@@ -196,7 +196,7 @@ class SQLiteBackend(Backend):
     ) -> Shown:
         """FTS5 merges (or, ``compact``, each index rebuilt online and swapped in), a WAL
         checkpoint, and free pages returned (in steps, or by VACUUM)."""
-        from hermes_store.sqlite.maintenance import optimize
+        from hermes_store.sqlite.optimize import optimize
 
         return optimize(engine, vacuum=vacuum, compact=compact, report=report, progress=progress)
 

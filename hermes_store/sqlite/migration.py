@@ -50,7 +50,7 @@ from hermes_store.sqlite import backfill, changelog, fts, space
 from hermes_store.sqlite.backup import backup_from
 from hermes_store.sqlite.backup import check_target as check_backup_target
 from hermes_store.sqlite.engine import flush_to_disk, side_files, sqlite_errors
-from hermes_store.sqlite.maintenance import truncate_wal
+from hermes_store.sqlite.optimize import truncate_wal
 from hermes_store.sqlite.readonly import require_writable
 from hermes_store.sqlite.storage import FTS_SHADOWS, backfill_status, btree_bytes, human_bytes
 
