@@ -80,7 +80,15 @@ from hermes_store.postgresql.substrings import (
     shape,
     trigram_condition,
 )
-from hermes_store.postgresql.tsquery import Binds, coarse_tsquery_of, positional, tsquery_of
+from hermes_store.postgresql.tsquery import (
+    Binds,
+    coarse_tsquery_of,
+    coarse_tsquery_texts,
+    positional,
+    tsquery_of,
+    tsquery_shape,
+    tsquery_texts,
+)
 from hermes_store.prepared import Connections
 from hermes_store.search.context import (
     CONTENT_JSON_PREFIX,
@@ -417,17 +425,56 @@ def _ranked_values(sort: str | None, page: tuple[int, int]) -> dict[str, Any]:
     return values
 
 
+#: Word statements kept at most (then all dropped): one per shape of query, filters, order,
+#: paging and layout seen. Building one costs 2-7 ms here, as much as a whole search on
+#: SQLite; queries of one shape differ in their values only.
+WORD_STATEMENTS = 256
+_WORD_STATEMENTS: dict[tuple[Any, ...], Any] = {}
+
+
+def _coarse(tree: Node, sort: str | None, *, stored: bool) -> bool:
+    """Whether the statement's condition is the coarse tsquery, the exact one tested on
+    the newest of its matches only (ranked, over the stored words, a tree with positions)."""
+    return stored and sort not in ("newest", "oldest") and positional(tree)
+
+
 def word_statement(
     tree: Node, options: SearchOptions, *, stored: bool = True
 ) -> tuple[Any, dict[str, Any]]:
     """The word path's statement for a simplified tree, and its parameters: over the
-    stored words (``stored``, revision fts2), else over fts1's expression."""
+    stored words (``stored``, revision fts2), else over fts1's expression. Statements
+    are kept by shape (_WORD_STATEMENTS): the key holds all that changes the SQL (the
+    tsquery's shape, which decides the coarse tsquery's too, whether the coarse one is
+    the condition, the filters given, the order, whether there is a limit, the layout);
+    the planner's settings are no part of it (reads._BY_INDEX sets them apart)."""
+    filters, sort, page = options.filters, options.order, options.page
+    coarse = _coarse(tree, sort, stored=stored)
+    given = filters.given(visibility=True)
+    key = (tsquery_shape(tree), coarse, given, sort, page[0] >= 0, stored)
+    statement = _WORD_STATEMENTS.get(key)
+    if statement is None:
+        statement, _ = _word_statement(tree, options, stored=stored)
+        if len(_WORD_STATEMENTS) >= WORD_STATEMENTS:
+            _WORD_STATEMENTS.clear()
+        _WORD_STATEMENTS[key] = statement
+    # The binds' values in the order _word_statement made them: the tsquery's, then the
+    # coarse tsquery's.
+    texts = tsquery_texts(tree) + (coarse_tsquery_texts(tree) if coarse else [])
+    binds = {f"q{number}": text for number, text in enumerate(texts)}
+    return statement, {**_filter_values(filters), **binds, **_ranked_values(sort, page)}
+
+
+def _word_statement(
+    tree: Node, options: SearchOptions, *, stored: bool
+) -> tuple[Any, dict[str, Any]]:
+    """word_statement's SQL, built, and its binds' values (q0, q1...: tsquery_texts', then
+    coarse_tsquery_texts' where the condition is the coarse tsquery)."""
     filters, sort, page = options.filters, options.order, options.page
     binds = Binds()
     query = tsquery_of(tree, binds)
     condition = _words(stored).op("@@", return_type=Boolean)(query)
     exact: Exact | None = None
-    if stored and sort not in ("newest", "oldest") and positional(tree):
+    if _coarse(tree, sort, stored=stored):
         # Ranked: the index answers the coarse tsquery alone; the exact one is tested on
         # the newest of its matches only, as many as the page needs (_newest).
         coarse = coarse_tsquery_of(tree, binds)
@@ -455,7 +502,7 @@ def word_statement(
     inputs = () if stored else _TEXT_COLUMNS
     # Ranked, the page's rows come with their indexed texts (no statement after for them).
     documents = stored and sort not in ("newest", "oldest")
-    statement, values = _ranked(
+    statement, _ = _ranked(
         condition,
         filters,
         sort,
@@ -466,7 +513,7 @@ def word_statement(
         alone=not stored,
         exact=exact,
     )
-    return statement, {**_filter_values(filters), **binds.values, **values}
+    return statement, binds.values
 
 
 def trigram_statement(

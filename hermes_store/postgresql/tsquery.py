@@ -157,4 +157,60 @@ def tsquery_of(node: Node, binds: Binds) -> ColumnElement[Any]:
     raise TypeError(f"no tsquery for {type(node).__name__}")
 
 
-__all__ = ["NEAR_EXACT_DISTANCE", "Binds", "coarse_tsquery_of", "positional", "tsquery_of"]
+def tsquery_shape(node: Node) -> tuple[Any, ...]:
+    """What of a simplified tree the SQL of :func:`tsquery_of` and :func:`coarse_tsquery_of`
+    depends on, not its words: two trees of one shape make the same SQL, their binds'
+    values (:func:`tsquery_texts`, :func:`coarse_tsquery_texts`) apart. A phrase's shape
+    holds its segments' prefixes and whether it has several words (the coarse tsquery
+    joins those by ``&``)."""
+    if isinstance(node, Phrase):
+        prefixes = tuple(prefix for text, prefix in node.text if word_tokens(text))
+        return ("phrase", prefixes, _positional(node))
+    if isinstance(node, Near):
+        exact = len(node.phrases) == 2 and node.distance <= NEAR_EXACT_DISTANCE
+        phrases = tuple(tsquery_shape(phrase) for phrase in node.phrases)
+        return ("near", node.distance if exact else None, phrases)
+    if isinstance(node, (And, Or)):
+        return (type(node).__name__, *(tsquery_shape(operand) for operand in node.operands))
+    if isinstance(node, Not):
+        return ("not", tsquery_shape(node.positive), tsquery_shape(node.negative))
+    raise TypeError(f"no tsquery for {type(node).__name__}")
+
+
+def tsquery_texts(node: Node) -> list[str]:
+    """The values of :func:`tsquery_of`'s binds for ``node``, in the order it makes them
+    (q0, q1...)."""
+    if isinstance(node, Phrase):
+        return [text for text, _prefix in node.text if word_tokens(text)]
+    if isinstance(node, Near):
+        return [text for phrase in node.phrases for text in tsquery_texts(phrase)]
+    if isinstance(node, (And, Or)):
+        return [text for operand in node.operands for text in tsquery_texts(operand)]
+    if isinstance(node, Not):
+        return tsquery_texts(node.positive) + tsquery_texts(node.negative)
+    raise TypeError(f"no tsquery for {type(node).__name__}")
+
+
+def coarse_tsquery_texts(node: Node) -> list[str]:
+    """The values of :func:`coarse_tsquery_of`'s binds for ``node``, in the order it makes
+    them (after those of any tsquery made before it with the same Binds)."""
+    if isinstance(node, (Phrase, Near)):
+        return tsquery_texts(node)
+    if isinstance(node, (And, Or)):
+        return [text for operand in node.operands for text in coarse_tsquery_texts(operand)]
+    if isinstance(node, Not):
+        negative = [] if positional(node.negative) else tsquery_texts(node.negative)
+        return coarse_tsquery_texts(node.positive) + negative
+    raise TypeError(f"no tsquery for {type(node).__name__}")
+
+
+__all__ = [
+    "NEAR_EXACT_DISTANCE",
+    "Binds",
+    "coarse_tsquery_of",
+    "coarse_tsquery_texts",
+    "positional",
+    "tsquery_of",
+    "tsquery_shape",
+    "tsquery_texts",
+]
