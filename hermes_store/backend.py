@@ -368,9 +368,10 @@ class Backend:
         :meth:`sync_commits` after each commit, before its next step relies on it."""
         return False
 
-    def sync_commits(self, url: str) -> None:
+    def sync_commits(self, conn: Connection, url: str) -> None:
         """Flush to disk what the commits :meth:`defer_commit_sync` let through left in
-        the store's log (nothing where commits flush themselves)."""
+        the store's log, on ``conn`` (out of any transaction), and keep the log short;
+        nothing where commits flush themselves."""
 
     def message_id_high_water(self, conn: Connection) -> int:
         """The highest message id the database ever handed out (its sequence, or max(id))."""

@@ -309,8 +309,8 @@ class Mover:
                 raise
             finally:
                 self._timed(side, step, started)
-        if deferred:  # durable before the next step relies on it
-            side.backend.sync_commits(side.url)
+            if deferred:  # durable before the next step relies on it
+                side.backend.sync_commits(conn, side.url)
         return result
 
     # -- a new batch ----------------------------------------------------------------------

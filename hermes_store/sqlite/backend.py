@@ -309,10 +309,10 @@ class SQLiteBackend(Backend):
 
         return copy.defer_commit_sync(conn)
 
-    def sync_commits(self, url: str) -> None:
+    def sync_commits(self, conn: Connection, url: str) -> None:
         from hermes_store.sqlite import copy
 
-        copy.sync_log(self.store_file(url))
+        copy.sync_log(conn, self.store_file(url))
 
     def message_id_high_water(self, conn: Connection) -> int:
         from hermes_store.sqlite import copy

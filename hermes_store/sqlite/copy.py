@@ -162,14 +162,26 @@ def defer_commit_sync(conn: Connection) -> bool:
     if str(mode).lower() != "wal":
         return False
     raw.execute("PRAGMA synchronous=NORMAL")
+    # Nor does a commit run the automatic checkpoint (it runs after the lock is let go, but
+    # inside COMMIT, and it makes the WAL and the database file sync): sync_log runs it.
+    raw.execute("PRAGMA wal_autocheckpoint=0")
     return True
 
 
-def sync_log(path: Path | None) -> None:
+def sync_log(conn: Connection, path: Path | None) -> None:
     """Flush a store's WAL to disk (fsync of the file, whichever process wrote it): every
-    frame committed so far is then durable. Nothing to do without a WAL file."""
+    frame committed so far is then durable. Then a PASSIVE checkpoint on ``conn`` (no
+    transaction open; it waits for no one): the WAL stays short, so the agent's own
+    commits find little to checkpoint when they cross the automatic threshold (their
+    checkpoint syncs the database file inside their COMMIT). Nothing without a WAL."""
     if path is None:
         return
+    _fsync_wal(path)
+    raw: Any = conn.connection.driver_connection
+    raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+
+def _fsync_wal(path: Path) -> None:
     wal = path.with_name(path.name + "-wal")
     try:
         fd = os.open(wal, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
