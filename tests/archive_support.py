@@ -183,3 +183,11 @@ def add_big_tree(path: Path, messages: int = 1000) -> None:
             ],
         )
         store.end_session(BIG, "done", ended_at=OLD + messages + 1)
+
+
+def hot_copy(template: Path, tmp_path: Path) -> Path:
+    """A private copy of a template hot store (mode 0600), for one test to change."""
+    path = tmp_path / "state.db"
+    path.write_bytes(template.read_bytes())
+    path.chmod(0o600)
+    return path

@@ -24,6 +24,7 @@ from archive_support import (
     SECRET,
     SHARED_PROMPT,
     build_hot,
+    hot_copy,
     message_ids,
     rows,
     rows_of,
@@ -50,10 +51,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def hot(template: Path, tmp_path: Path) -> Path:
-    path = tmp_path / "state.db"
-    path.write_bytes(template.read_bytes())
-    path.chmod(0o600)
-    return path
+    return hot_copy(template, tmp_path)
 
 
 def _cli(*args: str) -> Any:

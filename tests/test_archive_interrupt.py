@@ -12,7 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from archive_support import MOVED_BY_AGE, build_hot, rows_of, session_ids, snapshot, union_equals
+from archive_support import (
+    MOVED_BY_AGE,
+    build_hot,
+    hot_copy,
+    rows_of,
+    session_ids,
+    snapshot,
+    union_equals,
+)
 from click.testing import CliRunner, Result
 
 from hermes_store.archive import move
@@ -29,10 +37,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def hot(template: Path, tmp_path: Path) -> Path:
-    path = tmp_path / "state.db"
-    path.write_bytes(template.read_bytes())
-    path.chmod(0o600)
-    return path
+    return hot_copy(template, tmp_path)
 
 
 @pytest.fixture

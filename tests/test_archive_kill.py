@@ -15,6 +15,7 @@ from archive_support import (
     MOVED_BY_AGE,
     add_big_tree,
     build_hot,
+    hot_copy,
     message_ids,
     rows_of,
     session_ids,
@@ -75,10 +76,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def hot(template: Path, tmp_path: Path) -> Path:
-    path = tmp_path / "state.db"
-    path.write_bytes(template.read_bytes())
-    path.chmod(0o600)
-    return path
+    return hot_copy(template, tmp_path)
 
 
 def _check(path: Path) -> None:
