@@ -56,7 +56,6 @@ from sqlalchemy import (
     literal,
     literal_column,
     null,
-    or_,
     select,
     table,
 )
@@ -68,6 +67,14 @@ from hermes_store.declarations import WORDS_COLUMN
 from hermes_store.errors import SearchFailed
 from hermes_store.models import SERVER_ESCAPE, from_server_text, to_server_text
 from hermes_store.postgresql import words
+from hermes_store.postgresql.newest import (
+    TOP_ID,
+    VISIBLE,
+    Exact,
+    floors,
+    newest_matches,
+    text_bytes,
+)
 from hermes_store.postgresql.reads import rejected_query, rows_by_index, sqlstate
 from hermes_store.postgresql.reads import rows as plain_rows
 from hermes_store.postgresql.substrings import (
@@ -166,7 +173,7 @@ def _words(stored: bool) -> ColumnElement[Any]:
 _RANKED_WORDS = table("messages", column("id", Integer), column(WORDS_COLUMN, TSVECTOR)).alias(
     "ranked_words"
 )
-#: `messages` as the exact test of _newest's matches reads their stored words (by ctid).
+#: `messages` as the exact test of newest_matches' reads their stored words (by ctid).
 _EXACT_WORDS = table("messages", column("ctid"), column(WORDS_COLUMN, TSVECTOR)).alias(
     "exact_words"
 )
@@ -196,25 +203,13 @@ def _filter_values(filters: Filters) -> dict[str, Any]:
     }
 
 
-#: The visibility filter (active or compacted) in a form no index's predicate matches:
-#: ``idx_messages_display_page`` is a partial index WHERE active = 1 OR compacted = 1, and
-#: without the table's statistics (ANALYZE not run since the rows were written, e.g. with
-#: autovacuum off) the planner takes that term to keep 1% of the rows and reads the whole
-#: partial index instead of the search index, testing every visible row's words (7,800
-#: messages under 8 writers: 55-118 ms a statement, where the search index takes 10-35).
-#: It keeps nearly every row: a filter of the search index's matches, never the way to
-#: them.
-_ZERO, _ONE = literal_column("0", Integer), literal_column("1", Integer)
-_VISIBLE = or_(M.c.active + _ZERO == _ONE, M.c.compacted + _ZERO == _ONE)
-
-
 def _select(condition: ColumnElement[bool], filters: Filters, *, visibility: bool) -> Any:
     visible, sources, excluded, roles = filters.given(visibility=visibility)
     criteria = filter_criteria((False, sources, excluded, roles))
     return (
         select(M.c.id, *RESULT_COLUMNS)
         .select_from(M.join(S, S.c.id == M.c.session_id))
-        .where(condition, *((_VISIBLE,) if visible else ()), *criteria)
+        .where(condition, *((VISIBLE,) if visible else ()), *criteria)
     )
 
 
@@ -230,15 +225,6 @@ _TEXT_COLUMNS = (M.c.content, M.c.tool_name, M.c.tool_calls)
 #: order is exact.
 RANK_WINDOW = 200
 RANK_WINDOW_BYTES = 1024 * 1024
-
-
-def _bytes(columns: Any = M.c) -> ColumnElement[int]:
-    """The bytes of a row's indexed text, less its two separators (read from each value's
-    header: nothing is decompressed)."""
-    return sum(
-        (func.coalesce(func.octet_length(c), 0) for c in (columns.content, columns.tool_name)),
-        func.coalesce(func.octet_length(columns.tool_calls), 0),
-    )
 
 
 def _matched(condition: ColumnElement[bool]) -> ColumnElement[bool]:
@@ -292,7 +278,7 @@ def _ranked(
     statement to read them. With ``alone`` the condition's matches are found first, by
     themselves (_matched); without it, in the same scan that reads their rows (for a
     condition cheap to test again: no re-tokenising). Without ``rank_inputs``, ranked,
-    only the newest matches are read further (_newest; ``exact``: the test of the rows
+    only the newest matches are read further (newest_matches; ``exact``: the test of the rows
     ``condition`` selects, made there), and the page's columns for its rows alone.
     """
     limit = page[0]
@@ -309,7 +295,7 @@ def _ranked(
         if exact is not None and not thin:
             raise TypeError("an exact test is made on the thin rows only")
         if thin:
-            newest = _newest(condition, filters, exact)
+            newest = newest_matches(condition, filters, exact)
             by_id = newest.c.id.desc()
             statement = select(
                 newest.c.id,
@@ -320,7 +306,7 @@ def _ranked(
             statement = _select(condition, filters, visibility=True).add_columns(
                 *rank_inputs,
                 func.row_number().over(order_by=newest).label("recency"),
-                func.sum(_bytes()).over(order_by=newest, rows=(None, 0)).label("volume"),
+                func.sum(text_bytes()).over(order_by=newest, rows=(None, 0)).label("volume"),
             )
         hits = statement.subquery("hits")
         in_window = and_(
@@ -376,40 +362,11 @@ def _ranked(
     return outer, _ranked_values(sort, page)
 
 
-#: The test of a row of _newest's matches (its columns: ``id``, ``size``, ``row``, the
-#: row's ctid) that the statement's condition leaves to it.
-Exact = Callable[[Any], ColumnElement[bool]]
-
-
-def _newest(condition: ColumnElement[bool], filters: Filters, exact: Exact | None) -> Any:
-    """The newest matches, newest first, with their sizes: as many as the page can hold
-    (``newest``: RANK_WINDOW, or more when the page ends past it; every one with no limit).
-
-    The window is a prefix of the matches by recency, and the matches outside it follow it
-    newest first, so the page never holds an older match: the window's sums and the order
-    over these are those over every match. ``condition``'s matches are found first, by
-    id and size only (the size computed before the sort, so that no text goes through
-    it); ``exact`` is then tested on them newest first, each row read again by its ctid,
-    until there are enough (the sort fenced by OFFSET 0, so the test stays above it).
-    """
-    row: ColumnElement[Any] = literal_column(f"{M.name}.ctid").label("row")
-    matches = (
-        _select(condition, filters, visibility=True)
-        .with_only_columns(M.c.id, _bytes().label("size"), row)
-        .cte("matches")
-        .prefix_with("MATERIALIZED")
-    )
-    newest = bindparam("newest", type_=Integer)
-    if exact is None:
-        chosen = select(matches.c.id, matches.c.size)
-        return chosen.order_by(matches.c.id.desc()).limit(newest).subquery("newest")
-    fenced = select(matches).order_by(matches.c.id.desc()).offset(0).subquery("by_id")
-    chosen = select(fenced.c.id, fenced.c.size).where(exact(fenced.c))
-    return chosen.order_by(fenced.c.id.desc()).limit(newest).subquery("newest")
-
-
-def _ranked_values(sort: str | None, page: tuple[int, int]) -> dict[str, Any]:
-    """The parameters of _ranked's statement that are not the query's or the filters'."""
+def _ranked_values(
+    sort: str | None, page: tuple[int, int], top: int | None = None
+) -> dict[str, Any]:
+    """The parameters of _ranked's statement that are not the query's or the filters'
+    (``top``: the store's newest id, which the ranges of newest_matches start from)."""
     limit, offset = page
     _, values = _paged(select(), page)
     if sort not in ("newest", "oldest"):
@@ -419,6 +376,7 @@ def _ranked_values(sort: str | None, page: tuple[int, int]) -> dict[str, Any]:
             "rank_window": RANK_WINDOW,
             "rank_bytes": RANK_WINDOW_BYTES,
             "newest": newest,
+            **floors(top, newest),
         }
     if limit >= 0:
         values["window"] = limit + max(offset, 0)
@@ -439,10 +397,11 @@ def _coarse(tree: Node, sort: str | None, *, stored: bool) -> bool:
 
 
 def word_statement(
-    tree: Node, options: SearchOptions, *, stored: bool = True
+    tree: Node, options: SearchOptions, *, stored: bool = True, top: int | None = None
 ) -> tuple[Any, dict[str, Any]]:
     """The word path's statement for a simplified tree, and its parameters: over the
-    stored words (``stored``, revision fts2), else over fts1's expression. Statements
+    stored words (``stored``, revision fts2), else over fts1's expression; ``top``: the
+    store's newest id as the statement starts (newest_matches' ranges). Statements
     are kept by shape (_WORD_STATEMENTS): the key holds all that changes the SQL (the
     tsquery's shape, which decides the coarse tsquery's too, whether the coarse one is
     the condition, the filters given, the order, whether there is a limit, the layout);
@@ -461,7 +420,7 @@ def word_statement(
     # coarse tsquery's.
     texts = tsquery_texts(tree) + (coarse_tsquery_texts(tree) if coarse else [])
     binds = {f"q{number}": text for number, text in enumerate(texts)}
-    return statement, {**_filter_values(filters), **binds, **_ranked_values(sort, page)}
+    return statement, {**_filter_values(filters), **binds, **_ranked_values(sort, page, top)}
 
 
 def _word_statement(
@@ -476,7 +435,7 @@ def _word_statement(
     exact: Exact | None = None
     if _coarse(tree, sort, stored=stored):
         # Ranked: the index answers the coarse tsquery alone; the exact one is tested on
-        # the newest of its matches only, as many as the page needs (_newest).
+        # the newest of its matches only, as many as the page needs (newest_matches).
         coarse = coarse_tsquery_of(tree, binds)
         condition = _STORED_WORDS.op("@@", return_type=Boolean)(coarse)
 
@@ -710,8 +669,10 @@ class PostgreSQLSearch:
                 return Found([], route)
             rows = rows_by_index(
                 conn,
-                lambda read: word_statement(tree, options, stored=words.reads_stored(read[0])),
-                [words.LAYOUT],
+                lambda read: word_statement(
+                    tree, options, stored=words.reads_stored(read[0]), top=read[1]
+                ),
+                [words.LAYOUT, TOP_ID],
             )
             if rows is None:
                 return Found([], route, query_error=_not_searchable(conn, tree))
