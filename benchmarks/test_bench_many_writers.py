@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import many_writers as mw
+from benchmarks import many_writers_procs as procs
+from benchmarks import many_writers_render as render
 from hermes_store.errors import StoreBusy
 from hermes_store.store import NewMessage, Store
 
@@ -91,10 +93,10 @@ def test_many_writers(target, writers, benchmark, request):
     assert checked["rewind_wrong"] == 0
     assert len(cell["appends_per_writer"]) == writers
     assert sum(cell["appends_per_writer"]) == cell["appends"]
-    assert cell["errors"][mw.OTHER] == 0, cell["error_samples"]
+    assert cell["errors"][procs.OTHER] == 0, cell["error_samples"]
     if search:
         assert cell["search"]["searches"] > 0
-        assert cell["search"]["errors"][mw.OTHER] == 0, cell["search"]["error_samples"]
+        assert cell["search"]["errors"][procs.OTHER] == 0, cell["search"]["error_samples"]
     benchmark.extra_info.update(
         {
             key: cell[key]
@@ -114,14 +116,14 @@ def test_errors_are_told_apart_by_kind():
     class PgLockTimeout(Exception):
         sqlstate = "55P03"
 
-    assert mw.error_kind(sqlite3.OperationalError("database is locked")) == mw.BUSY
-    assert mw.error_kind(StoreBusy("the store is locked")) == mw.BUSY
-    assert mw.error_kind(PgLockTimeout("canceling statement due to lock timeout")) == mw.BUSY
+    assert procs.error_kind(sqlite3.OperationalError("database is locked")) == procs.BUSY
+    assert procs.error_kind(StoreBusy("the store is locked")) == procs.BUSY
+    assert procs.error_kind(PgLockTimeout("canceling statement due to lock timeout")) == procs.BUSY
     wrapped = RuntimeError("wrapped")
     wrapped.__cause__ = sqlite3.OperationalError("database is busy")
-    assert mw.error_kind(wrapped) == mw.BUSY
-    assert mw.error_kind(sqlite3.IntegrityError("NOT NULL constraint failed")) == mw.OTHER
-    assert mw.error_kind(ValueError("anything else")) == mw.OTHER
+    assert procs.error_kind(wrapped) == procs.BUSY
+    assert procs.error_kind(sqlite3.IntegrityError("NOT NULL constraint failed")) == procs.OTHER
+    assert procs.error_kind(ValueError("anything else")) == procs.OTHER
 
 
 def test_percentiles_are_nearest_rank():
@@ -140,10 +142,10 @@ def _writer_report(index, latencies, sessions, rewound=(), busy=0):
         "rewound": list(rewound),
         "latencies": latencies,
         "rewind_latencies": [0.001] * len(rewound),
-        "errors": {mw.BUSY: busy, mw.OTHER: 0},
+        "errors": {procs.BUSY: busy, procs.OTHER: 0},
         "error_samples": [],
-        "rewind_errors": {mw.BUSY: 0, mw.OTHER: 0},
-        "session_errors": {mw.BUSY: 0, mw.OTHER: 0},
+        "rewind_errors": {procs.BUSY: 0, procs.OTHER: 0},
+        "session_errors": {procs.BUSY: 0, procs.OTHER: 0},
         "other_samples": [],
     }
 
@@ -157,7 +159,7 @@ def test_a_cell_counts_only_the_appends_of_the_window_of_every_writer():
             "index": 0,
             "latencies": [0.004] * 8,
             "hits": 80,
-            "errors": {mw.BUSY: 0, mw.OTHER: 1},
+            "errors": {procs.BUSY: 0, procs.OTHER: 1},
             "error_samples": ["X: y"],
         },
     ]
@@ -165,12 +167,12 @@ def test_a_cell_counts_only_the_appends_of_the_window_of_every_writer():
     assert cell["appends"] == 40  # the latencies (the window), not the ids (warm-up too)
     assert cell["appends_per_writer"] == [30, 10]
     assert cell["appends_per_s"] == 20.0
-    assert cell["errors"] == {mw.BUSY: 3, mw.OTHER: 0}
+    assert cell["errors"] == {procs.BUSY: 3, procs.OTHER: 0}
     assert cell["append_p50_ms"] == 1.0
     assert cell["append_p99_ms"] == 2.0
     assert cell["search"]["searches"] == 8
     assert cell["search"]["per_s"] == 4.0
-    assert cell["search"]["errors"] == {mw.BUSY: 0, mw.OTHER: 1}
+    assert cell["search"]["errors"] == {procs.BUSY: 0, procs.OTHER: 1}
 
 
 def test_the_row_check_finds_a_lost_row_a_stray_one_and_a_wrong_counter(tmp_path):
@@ -225,14 +227,14 @@ def test_the_crossover_sentence_names_the_first_count_where_postgresql_leads():
         "cells": _cells(mw.SQLITE, {1: 300, 2: 250, 4: 200, 8: 150})
         + _cells(mw.POSTGRESQL, {1: 120, 2: 220, 4: 330, 8: 400}),
     }
-    sentence = mw.crossover(results)
+    sentence = render.crossover(results)
     assert sentence.startswith("PostgreSQL overtakes SQLite in append throughput from 4 writers")
     assert "330 against 200 appends/s at 4 writers" in sentence
     assert "400 against 150 appends/s at 8 writers" in sentence
 
     results["cells"] = _cells(mw.SQLITE, {1: 300, 8: 200}) + _cells(mw.POSTGRESQL, {1: 100, 8: 150})
-    assert mw.crossover(results).startswith("PostgreSQL does not overtake SQLite")
-    assert "150 against 200 appends/s at 8 writers" in mw.crossover(results)
+    assert render.crossover(results).startswith("PostgreSQL does not overtake SQLite")
+    assert "150 against 200 appends/s at 8 writers" in render.crossover(results)
 
 
 def test_a_database_not_measured_is_reported_with_its_reason(tmp_path: Path):
@@ -259,8 +261,8 @@ def test_a_database_not_measured_is_reported_with_its_reason(tmp_path: Path):
         "search_not_measured": {},
         "cells": [],
     }
-    results["crossover"] = mw.crossover(results)
-    markdown = mw.render_markdown(results)
+    results["crossover"] = render.crossover(results)
+    markdown = render.render_markdown(results)
     assert f"| all | PostgreSQL | not measured: {reason} |" in markdown
     assert "No comparison: PostgreSQL not measured" in markdown
 
@@ -285,18 +287,18 @@ def test_the_ratios_state_postgresql_over_sqlite_and_the_8_writer_search_target(
             _search_cell(mw.POSTGRESQL, 8, 5.0, 15.0),
         ]
     }
-    by_writers = {row["writers"]: row for row in mw.ratios(results)}
+    by_writers = {row["writers"]: row for row in render.ratios(results)}
     assert by_writers[1]["search_p50_ms"] == pytest.approx(1.5)
     assert by_writers[1]["search_p99_ms"] == pytest.approx(5.0)
-    target = mw.search_target(results)
+    target = render.search_target(results)
     assert target["value"] == pytest.approx(2.5)
     assert target["passed"] is False
-    lines = mw.ratio_table(results)
+    lines = render.ratio_table(results)
     assert "| 8 | 1.00x | 1.00x | 1.00x | 2.50x | 1.50x |" in lines
     assert any(line.endswith(": MISS.") for line in lines)
 
     results["cells"][3]["search"]["p50_ms"] = 4.0  # 2.0x: within the target
-    assert mw.search_target(results)["passed"] is True
+    assert render.search_target(results)["passed"] is True
     # Without an 8-writer cell on both databases there is no verdict.
     results["cells"] = results["cells"][:2]
-    assert mw.search_target(results) is None
+    assert render.search_target(results) is None
