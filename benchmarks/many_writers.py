@@ -1,6 +1,7 @@
 """Many writers side by side: N processes append, one searches, on SQLite and PostgreSQL.
 
     python -m benchmarks.many_writers --seconds 10 --writers 1,2,4,8 --out DIR
+    python -m benchmarks.many_writers --seconds 10 --writers 1,8 --rate 20 --out DIR
 
 Each cell of the run is one database and one writer count N. It starts from a copy of the
 same seeded store (``--seed-messages`` generated messages, written through the Store API):
@@ -14,8 +15,17 @@ of its own, meet at a barrier and run for the warm-up plus ``--seconds``:
   every :data:`SESSION_LENGTH` messages, and every :data:`REWIND_EVERY` appends rewinds its
   last :data:`REWIND_LAST` messages (``Store.set_message_flags(..., active=False)``). It
   appends as fast as it can (a closed loop): the figures are what the database sustains,
-  not what one agent asks of it;
-- the searcher runs :data:`SEARCH_QUERIES` in turn through ``Store.search``.
+  not what one agent asks of it. With ``--rate R`` it appends R messages a second instead
+  (an open loop: its k-th append is due k/R s after the start, whatever the earlier ones
+  took; behind schedule it makes at most :data:`CATCH_UP` + 1 back to back and drops the
+  older slots, counted as missed). A closed loop loads each database with what it lets
+  through (PostgreSQL's writers run in parallel and fill every core, SQLite's wait for
+  its write lock), so its search figures are under different loads; paced, every
+  database is asked for the same appends, and the report states per cell the appends
+  asked, the appends made, whether the writers kept up (at least :data:`KEPT_UP` of the
+  appends asked) and how far behind schedule they fell;
+- the searcher runs :data:`SEARCH_QUERIES` in turn through ``Store.search``, as fast as it
+  can (paced or not).
 
 Only what starts after the warm-up counts. Each process sends its latencies, error counts
 and the ids it was given back to the parent, which then checks the store: every id a
@@ -57,17 +67,17 @@ from sqlalchemy.engine import URL, make_url
 
 from benchmarks import layouts, workloads
 from benchmarks.many_writers_procs import (
-    BUSY,
-    OTHER,
+    CATCH_UP,
+    KEPT_UP,
     REWIND_EVERY,
     REWIND_LAST,
-    SAMPLES,
     SESSION_LENGTH,
     Timing,
     describe,
     log,
     open_store,
     searcher_main,
+    summarize,
     writer_main,
 )
 from benchmarks.many_writers_render import (
@@ -107,15 +117,6 @@ _sessions = cast(Table, AgentSession.__table__)
 _messages = cast(Table, Message.__table__)
 
 
-def percentile(values: Sequence[float], pct: float) -> float | None:
-    """The nearest-rank percentile, or None without values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, -(-int(pct * len(ordered)) // 100) - 1))
-    return float(ordered[rank])
-
-
 # --------------------------------------------------------------------------------------
 # One cell
 # --------------------------------------------------------------------------------------
@@ -138,8 +139,12 @@ def run_processes(
     *,
     search: bool = True,
     queries: Sequence[str] = SEARCH_QUERIES,
+    rate: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Start the writers (and the searcher), run the window, return every process's report."""
+    """Start the writers (and the searcher), run the window, return every process's report.
+
+    ``rate``: each writer's appends per second (an open loop), or None: as fast as it can.
+    """
     ctx = multiprocessing.get_context("spawn")
     parties = writers + (1 if search else 0)
     barrier = ctx.Barrier(parties + 1)
@@ -147,7 +152,7 @@ def run_processes(
     processes = [
         ctx.Process(
             target=writer_main,
-            args=(url, index, pool, timing, barrier, queue),
+            args=(url, index, pool, timing, barrier, queue, rate),
             name=f"writer-{index}",
         )
         for index, pool in enumerate(writer_pools(writers))
@@ -247,73 +252,22 @@ def verify(url: str, reports: Sequence[dict[str, Any]]) -> dict[str, int]:
     }
 
 
-def _sum(reports: Sequence[dict[str, Any]], key: str) -> dict[str, int]:
-    total = {BUSY: 0, OTHER: 0}
-    for report in reports:
-        for kind, count in report[key].items():
-            total[kind] += count
-    return total
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(value * 1000, 3)
-
-
-def summarize(
-    backend: str, writers: int, timing: Timing, reports: Sequence[dict[str, Any]]
-) -> dict[str, Any]:
-    """The cell's figures from its processes' reports."""
-    writer_reports = [r for r in reports if r["role"] == "writer"]
-    latencies = [x for r in writer_reports for x in r["latencies"]]
-    rewinds = [x for r in writer_reports for x in r["rewind_latencies"]]
-    per_writer = [len(r["latencies"]) for r in writer_reports]
-    samples = sorted({s for r in writer_reports for s in r["error_samples"] + r["other_samples"]})
-    cell: dict[str, Any] = {
-        "backend": backend,
-        "writers": writers,
-        "seconds": timing.seconds,
-        "appends": len(latencies),
-        "appends_per_s": round(len(latencies) / timing.seconds, 1),
-        "appends_per_writer": per_writer,
-        "append_p50_ms": _ms(percentile(latencies, 50)),
-        "append_p99_ms": _ms(percentile(latencies, 99)),
-        "append_max_ms": _ms(max(latencies) if latencies else None),
-        "errors": _sum(writer_reports, "errors"),
-        "rewinds": len(rewinds),
-        "rewind_p50_ms": _ms(percentile(rewinds, 50)),
-        "rewind_errors": _sum(writer_reports, "rewind_errors"),
-        "session_errors": _sum(writer_reports, "session_errors"),
-        "error_samples": samples[:SAMPLES],
-        "search": None,
-    }
-    for report in reports:
-        if report["role"] == "searcher":
-            found = report["latencies"]
-            cell["search"] = {
-                "searches": len(found),
-                "per_s": round(len(found) / timing.seconds, 1),
-                "p50_ms": _ms(percentile(found, 50)),
-                "p99_ms": _ms(percentile(found, 99)),
-                "hits": report["hits"],
-                "p50_ms_by_query": {
-                    query: _ms(percentile(times, 50))
-                    for query, times in report.get("by_query", {}).items()
-                },
-                "errors": report["errors"],
-                "error_samples": report["error_samples"],
-            }
-    return cell
-
-
 def run_cell(
-    target: Target, backend: str, writers: int, timing: Timing, *, search: bool = True
+    target: Target,
+    backend: str,
+    writers: int,
+    timing: Timing,
+    *,
+    search: bool = True,
+    rate: float | None = None,
 ) -> dict[str, Any]:
-    """One database and one writer count, on a fresh copy of the seeded store, verified."""
+    """One database and one writer count, on a fresh copy of the seeded store, verified;
+    each writer paced to ``rate`` appends a second, or as fast as it can (None)."""
     name = f"w{writers}"
     url = target.fresh(name)
     try:
-        reports = run_processes(url, writers, timing, search=search)
-        cell = summarize(backend, writers, timing, reports)
+        reports = run_processes(url, writers, timing, search=search, rate=rate)
+        cell = summarize(backend, writers, timing, reports, rate)
         cell["verified"] = verify(url, reports)
     finally:
         target.drop(name)
@@ -530,6 +484,8 @@ class Options:
     seed_messages: int = DEFAULT_SEED_MESSAGES
     backends: tuple[str, ...] = BACKENDS
     pg_url: str = DEFAULT_PG_URL
+    #: Appends per second per writer (an open loop); None: as fast as it can.
+    rate: float | None = None
 
 
 @contextlib.contextmanager
@@ -607,10 +563,14 @@ def run(options: Options, workdir: Path) -> dict[str, Any]:
             # The database that goes first alternates, so drift of the machine spreads alike.
             for backend in order[round_no % 2 :] + order[: round_no % 2]:
                 log(f"{LABELS[backend]}: {writers} writer(s), {options.seconds:g} s")
-                cell = run_cell(runnable[backend], backend, writers, timing, search=search)
+                cell = run_cell(
+                    runnable[backend], backend, writers, timing, search=search, rate=options.rate
+                )
                 results["cells"].append(cell)
+                asked = f" of {cell['pace']['asked_per_s']:.0f} asked" if cell["pace"] else ""
                 log(
-                    f"  {cell['appends_per_s']:.0f} appends/s, p99 {cell['append_p99_ms']} ms, "
+                    f"  {cell['appends_per_s']:.0f} appends/s{asked}, "
+                    f"p99 {cell['append_p99_ms']} ms, "
                     f"errors {cell['errors']}, lost {cell['verified']['lost']}"
                 )
     results["meta"]["loadavg_after"] = _loadavg()
@@ -644,6 +604,9 @@ def _meta(options: Options) -> dict[str, Any]:
         "rewind_every": REWIND_EVERY,
         "rewind_last": REWIND_LAST,
         "search_queries": list(SEARCH_QUERIES),
+        "rate": options.rate,
+        "kept_up_share": KEPT_UP,
+        "catch_up": CATCH_UP,
     }
 
 
@@ -678,6 +641,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--seed-messages", type=int, default=DEFAULT_SEED_MESSAGES)
     parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="appends per second per writer, paced (default: as fast as it can)",
+    )
+    parser.add_argument(
         "--databases", type=parse_backends, default=BACKENDS, help="default sqlite,postgresql"
     )
     parser.add_argument(
@@ -693,6 +663,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.seconds <= 0 or args.warmup < 0 or args.seed_messages < 1:
         parser.error("--seconds must be above 0, --warmup 0 or more, --seed-messages 1 or more")
+    if args.rate is not None and not args.rate > 0:
+        parser.error("--rate must be above 0 (appends per second per writer)")
     options = Options(
         writers=args.writers,
         seconds=args.seconds,
@@ -700,6 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed_messages=args.seed_messages,
         backends=args.databases,
         pg_url=args.pg,
+        rate=args.rate,
     )
     workdir = Path(tempfile.mkdtemp(prefix="hermes-many-writers-"))
     workloads.isolate_environment(workdir / "hermes-home")

@@ -1,10 +1,12 @@
-"""The processes of one many-writers cell (``benchmarks/many_writers.py``): writers, searcher.
+"""The processes of one many-writers cell (``benchmarks/many_writers.py``), and their figures.
 
 Each runs in a process of its own (started with 'spawn', so this module is what the
 child imports), opens a ``Store`` of its own, waits at the cell's barrier, runs its loop
 for the warm-up plus the measured window, and puts a JSON-ready report on the queue: its
 latencies, its errors by kind (with a few examples, never message content) and, for a
-writer, the ids it was given, which the parent checks against the store.
+writer, the ids it was given, which the parent checks against the store, and how it kept
+to its schedule when paced. :func:`summarize` turns the reports into the cell's figures,
+next to the code that writes them, so the reports' keys live in one module.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sqlite3
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
@@ -30,6 +32,11 @@ SESSION_LENGTH = 200
 #: Every REWIND_EVERY appends, a writer rewinds (active=0) its last REWIND_LAST messages.
 REWIND_EVERY = 20
 REWIND_LAST = 3
+#: A paced writer behind schedule runs at most this many appends beyond the one due back to
+#: back; older slots are dropped (and counted), so a stall is not followed by a burst.
+CATCH_UP = 3
+#: A paced cell's writers kept up when they made at least this share of the appends asked.
+KEPT_UP = 0.95
 
 #: Errors by kind: a lock or busy timeout (or a transaction the server gave up on), else other.
 BUSY = "busy"
@@ -184,31 +191,94 @@ class _Writer:
         }
 
 
-def _run_window(timing: Timing, step: Any) -> None:
-    """Call ``step(measuring)`` until the window ends; measuring once the warm-up is over."""
-    start = time.perf_counter()
+@dataclasses.dataclass
+class Paced:
+    """What a paced (open-loop) writer saw of its schedule in the measured window.
+
+    ``behind``: for each slot it came to, how long after the slot's due time that was (the
+    whole lag, before any slot was dropped); ``missed``: the slots it dropped.
+    """
+
+    behind: list[float] = dataclasses.field(default_factory=list)
+    missed: int = 0
+
+
+def _run_window(
+    timing: Timing,
+    step: Callable[[bool], None],
+    rate: float | None = None,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Paced | None:
+    """Call ``step(measuring)`` until the window ends; measuring once the warm-up is over.
+
+    Without ``rate``, a closed loop: the next step as soon as one returns, so the load is
+    whatever the database lets through. With ``rate`` (steps per second), an open loop:
+    step k is due at ``start + k / rate`` whatever the earlier ones took, so every database
+    is asked for the same load; a step counts as measured when its slot falls in the
+    window. Behind schedule, it runs at most :data:`CATCH_UP` + 1 steps back to back and
+    drops the older slots (counted in the returned :class:`Paced`): a stall is not
+    followed by a burst that no application would send.
+    """
+    start = clock()
     measure_from = start + timing.warmup
     end = measure_from + timing.seconds
+    if rate is None:
+        while True:
+            now = clock()
+            if now >= end:
+                return None
+            step(now >= measure_from)
+    interval = 1.0 / rate
+    paced = Paced()
+    slot = 0
     while True:
-        now = time.perf_counter()
-        if now >= end:
-            return
-        step(now >= measure_from)
+        due = start + slot * interval
+        if due >= end:
+            return paced
+        now = clock()
+        if now < due:
+            sleep(due - now)
+            now = clock()
+        late = now - due
+        behind = int(late / interval)
+        if behind > CATCH_UP:
+            dropped = range(slot, slot + behind - CATCH_UP)
+            paced.missed += sum(measure_from <= start + k * interval < end for k in dropped)
+            slot = dropped.stop
+            due = start + slot * interval
+            if due >= end:
+                return paced
+        measuring = due >= measure_from
+        if measuring:
+            paced.behind.append(late)
+        step(measuring)
+        slot += 1
 
 
 def writer_main(
-    url: str, index: int, messages: Sequence[NewMessage], timing: Timing, barrier: Any, queue: Any
+    url: str,
+    index: int,
+    messages: Sequence[NewMessage],
+    timing: Timing,
+    barrier: Any,
+    queue: Any,
+    rate: float | None = None,
 ) -> None:
-    """A writer process: its own Store, its own sessions, one transaction per message."""
+    """A writer process: its own Store, its own sessions, one transaction per message;
+    as fast as it can, or ``rate`` appends a second (see :func:`_run_window`)."""
     os.environ.pop(ENV_BUSY_TIMEOUT, None)
     try:
         store = open_store(url)
         writer = _Writer(store, index, messages)
         writer.new_session()  # connected, and a session ready, before the clock starts
         barrier.wait()
-        _run_window(timing, writer.step)
+        paced = _run_window(timing, writer.step, rate)
         store.close()
-        queue.put(writer.report())
+        report = writer.report()
+        report["paced"] = None if paced is None else dataclasses.asdict(paced)
+        queue.put(report)
     except Exception:
         _fail(queue, barrier, "writer", index)
 
@@ -261,3 +331,104 @@ def searcher_main(
         )
     except Exception:
         _fail(queue, barrier, "searcher", 0)
+
+
+# --------------------------------------------------------------------------------------
+# What the reports say
+# --------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], pct: float) -> float | None:
+    """The nearest-rank percentile, or None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, -(-int(pct * len(ordered)) // 100) - 1))
+    return float(ordered[rank])
+
+
+def _sum(reports: Sequence[dict[str, Any]], key: str) -> dict[str, int]:
+    total = {BUSY: 0, OTHER: 0}
+    for report in reports:
+        for kind, count in report[key].items():
+            total[kind] += count
+    return total
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 3)
+
+
+def pace(
+    writers: int, timing: Timing, rate: float | None, reports: Sequence[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """A paced cell's load: asked (``rate`` per writer), achieved, and whether the writers
+    kept up (achieved at least :data:`KEPT_UP` of asked); None for a closed loop."""
+    if rate is None:
+        return None
+    writer_reports = [r for r in reports if r["role"] == "writer"]
+    appends = sum(len(r["latencies"]) for r in writer_reports)
+    paced = [r.get("paced") or {} for r in writer_reports]
+    behind = [x for p in paced for x in p.get("behind", [])]
+    share = appends / (rate * writers * timing.seconds)
+    return {
+        "rate_per_writer": rate,
+        "asked_per_s": round(rate * writers, 1),
+        "achieved_per_s": round(appends / timing.seconds, 1),
+        "achieved_share": round(share, 3),
+        "kept_up": share >= KEPT_UP,
+        "missed": sum(int(p.get("missed", 0)) for p in paced),
+        "behind_p99_ms": _ms(percentile(behind, 99)),
+        "behind_max_ms": _ms(max(behind) if behind else None),
+    }
+
+
+def summarize(
+    backend: str,
+    writers: int,
+    timing: Timing,
+    reports: Sequence[dict[str, Any]],
+    rate: float | None = None,
+) -> dict[str, Any]:
+    """The cell's figures from its processes' reports (``rate``: see :func:`pace`)."""
+    writer_reports = [r for r in reports if r["role"] == "writer"]
+    latencies = [x for r in writer_reports for x in r["latencies"]]
+    rewinds = [x for r in writer_reports for x in r["rewind_latencies"]]
+    per_writer = [len(r["latencies"]) for r in writer_reports]
+    samples = sorted({s for r in writer_reports for s in r["error_samples"] + r["other_samples"]})
+    cell: dict[str, Any] = {
+        "backend": backend,
+        "writers": writers,
+        "seconds": timing.seconds,
+        "appends": len(latencies),
+        "appends_per_s": round(len(latencies) / timing.seconds, 1),
+        "appends_per_writer": per_writer,
+        "append_p50_ms": _ms(percentile(latencies, 50)),
+        "append_p99_ms": _ms(percentile(latencies, 99)),
+        "append_max_ms": _ms(max(latencies) if latencies else None),
+        "errors": _sum(writer_reports, "errors"),
+        "rewinds": len(rewinds),
+        "rewind_p50_ms": _ms(percentile(rewinds, 50)),
+        "rewind_errors": _sum(writer_reports, "rewind_errors"),
+        "session_errors": _sum(writer_reports, "session_errors"),
+        "error_samples": samples[:SAMPLES],
+        "pace": pace(writers, timing, rate, reports),
+        "search": None,
+    }
+    for report in reports:
+        if report["role"] == "searcher":
+            found = report["latencies"]
+            cell["search"] = {
+                "searches": len(found),
+                "per_s": round(len(found) / timing.seconds, 1),
+                "p50_ms": _ms(percentile(found, 50)),
+                "p99_ms": _ms(percentile(found, 99)),
+                "hits": report["hits"],
+                "p50_ms_by_query": {
+                    query: _ms(percentile(times, 50))
+                    for query, times in report.get("by_query", {}).items()
+                },
+                "errors": report["errors"],
+                "error_samples": report["error_samples"],
+            }
+    return cell

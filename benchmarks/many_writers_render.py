@@ -26,12 +26,26 @@ def _cells(results: dict[str, Any], backend: str) -> dict[int, dict[str, Any]]:
     return {c["writers"]: c for c in results["cells"] if c["backend"] == backend}
 
 
+def _rate(results: dict[str, Any]) -> float | None:
+    """Each writer's appends per second when the run was paced (``--rate``), else None
+    (also for a run from before ``--rate``)."""
+    rate = results.get("meta", {}).get("rate")
+    return None if rate is None else float(rate)
+
+
 def crossover(results: dict[str, Any]) -> str:
-    """One sentence: from which writer count PostgreSQL's throughput passes SQLite's."""
+    """One sentence: from which writer count PostgreSQL's throughput passes SQLite's (a
+    paced run's throughput is the load asked: then it says so instead)."""
     lite, pg = _cells(results, SQLITE), _cells(results, POSTGRESQL)
     if not lite or not pg:
         missing = results["not_measured"].get(POSTGRESQL) or results["not_measured"].get(SQLITE)
         return f"No comparison: PostgreSQL not measured ({missing})." if missing else ""
+    rate = _rate(results)
+    if rate is not None:
+        return (
+            f"Writers paced at {rate:g} appends/s each: appends/s is the load asked, not "
+            "what a database sustains (a run without --rate measures that)."
+        )
     counts = sorted(set(lite) & set(pg))
     ahead = [n for n in counts if pg[n]["appends_per_s"] > lite[n]["appends_per_s"]]
 
@@ -77,14 +91,46 @@ def _errors(counts: dict[str, int]) -> str:
     return f"{counts[BUSY]} / {counts[OTHER]}"
 
 
+def _paced(results: dict[str, Any]) -> bool:
+    """Whether any cell was paced (a run from before ``--rate`` has no ``pace`` at all)."""
+    return any(cell.get("pace") for cell in results["cells"])
+
+
+def _kept_up(pace: dict[str, Any]) -> str:
+    share = f"{pace['achieved_share'] * 100:.1f}%"
+    if pace["kept_up"]:
+        return f"yes, {share}"
+    return f"NO, {share}, {pace['missed']:,} missed"
+
+
+def _pace_columns(cell: dict[str, Any]) -> str:
+    """A paced cell's asked rate, achieved rate, verdict, and how far behind it fell."""
+    pace = cell.get("pace")
+    if not pace:
+        return f"| – | {_num(cell['appends_per_s'], 0)} | – | – "
+    return (
+        f"| {_num(pace['asked_per_s'], 0)} | {_num(cell['appends_per_s'], 0)} "
+        f"| {_kept_up(pace)} "
+        f"| {_num(pace['behind_p99_ms'], 1)} / {_num(pace['behind_max_ms'], 1)} "
+    )
+
+
 def table(results: dict[str, Any]) -> list[str]:
-    """The Markdown table: one row per writer count and database."""
+    """The Markdown table: one row per writer count and database (a paced run's with the
+    load asked, the load achieved, whether the writers kept up and how far behind)."""
+    paced = _paced(results)
+    rate_header = (
+        "| asked appends/s | appends/s | kept up | behind p99 / max (ms) "
+        if paced
+        else "| appends/s "
+    )
     header = (
-        "| writers | database | appends/s | append p50 (ms) | append p99 (ms) "
+        "| writers | database " + rate_header + "| append p50 (ms) | append p99 (ms) "
         "| errors busy / other | rewinds | searches/s | search p50 (ms) | search p99 (ms) "
         "| rows checked |"
     )
-    lines = [header, "|" + "---|" * 11]
+    columns = header.count("|") - 1
+    lines = [header, "|" + "---|" * columns]
     backends = [b for b in BACKENDS if _cells(results, b)]
     writer_counts = sorted({c["writers"] for c in results["cells"]})
     for writers in writer_counts:
@@ -100,8 +146,9 @@ def table(results: dict[str, Any]) -> list[str]:
                 or checked["counters_wrong"]
                 or checked["rewind_wrong"]
             )
+            rates = _pace_columns(cell) if paced else f"| {_num(cell['appends_per_s'], 0)} "
             lines.append(
-                f"| {writers} | {LABELS[backend]} | {_num(cell['appends_per_s'], 0)} "
+                f"| {writers} | {LABELS[backend]} {rates}"
                 f"| {_num(cell['append_p50_ms'], 2)} | {_num(cell['append_p99_ms'], 2)} "
                 f"| {_errors(cell['errors'])} | {cell['rewinds']} "
                 f"| {_num(search['per_s']) if search else 'not run'} "
@@ -110,8 +157,34 @@ def table(results: dict[str, Any]) -> list[str]:
                 f"| {checked['expected']:,} {'none lost' if ok else 'MISMATCH'} |"
             )
     for backend, reason in results["not_measured"].items():
-        lines.append(f"| all | {LABELS[backend]} | not measured: {reason} |" + " |" * 8)
+        lines.append(f"| all | {LABELS[backend]} | not measured: {reason} |" + " |" * (columns - 3))
     return lines
+
+
+def same_load(results: dict[str, Any]) -> str:
+    """A paced run: whether every cell's writers kept up, so that each database's search
+    figures are under the same write load; which fell behind if not ("" unpaced)."""
+    paced = [cell for cell in results["cells"] if cell.get("pace")]
+    if not paced:
+        return ""
+    share = results["meta"].get("kept_up_share", 0.95)
+    behind = [cell for cell in paced if not cell["pace"]["kept_up"]]
+    if not behind:
+        return (
+            f"Every cell's writers kept up (at least {share:.0%} of the appends asked): "
+            "the databases' search figures are under the same write load."
+        )
+    cells = "; ".join(
+        f"{LABELS[c['backend']]} with {c['writers']} writers made "
+        f"{c['pace']['achieved_share']:.0%} of {c['pace']['asked_per_s']:,.0f} appends/s "
+        f"({c['pace']['missed']:,} slots missed, at most {_num(c['pace']['behind_max_ms'], 0)} "
+        "ms behind)"
+        for c in behind
+    )
+    return (
+        f"Not the same write load where the writers fell behind (under {share:.0%} of the "
+        f"appends asked): {cells}. Compare search there with care, or lower --rate."
+    )
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:
@@ -189,11 +262,27 @@ def ratio_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _loop(meta: dict[str, Any]) -> str:
+    """How the writers append: as fast as they can, or paced (and what kept up means)."""
+    if meta.get("rate") is None:
+        return "as fast as they can"
+    rate, catch_up = meta["rate"], meta.get("catch_up", 3)
+    return (
+        f"at {rate:g} appends/s each, paced (an open loop: append k is due k/{rate:g} s "
+        "after the start, whatever the earlier ones took; behind schedule a writer makes at "
+        f"most {catch_up + 1} back to back and drops older slots, counted as missed; "
+        f"kept up: at least {meta.get('kept_up_share', 0.95):.0%} of the appends asked made "
+        "in the window; behind: how late a writer came to a slot)"
+    )
+
+
 def render_markdown(results: dict[str, Any], *, heading: str = "#") -> str:
     meta = results["meta"]
     databases = results["databases"]
+    rate = _rate(results)
     lines = [
-        f"{heading} Many writers, side by side",
+        f"{heading} Many writers, side by side"
+        + ("" if rate is None else f", paced at {rate:g} appends/s per writer"),
         "",
         f"Generated {meta['date']} on {meta['platform']}, {meta['cpus']} CPUs, Python "
         f"{meta['python']}; commit {meta['commit']}; load average before "
@@ -216,7 +305,7 @@ def render_markdown(results: dict[str, Any], *, heading: str = "#") -> str:
         "",
         f"Each cell: a copy of one store seeded with {meta['seed_messages']:,} generated "
         f"messages; N writer processes append one message per transaction "
-        f"(`Store.append_message`) as fast as they can, a new session every "
+        f"(`Store.append_message`) {_loop(meta)}, a new session every "
         f"{meta['session_length']} messages, and rewind their last {meta['rewind_last']} "
         f"messages every {meta['rewind_every']} appends (`Store.set_message_flags`)"
         + (
@@ -235,6 +324,8 @@ def render_markdown(results: dict[str, Any], *, heading: str = "#") -> str:
     ratio_lines = ratio_table(results)
     if ratio_lines:
         lines += ["", "PostgreSQL ÷ SQLite, same run:", "", *ratio_lines]
+    if same_load(results):
+        lines += ["", same_load(results)]
     for backend, reason in results["search_not_measured"].items():
         lines += ["", f"Searcher on {LABELS[backend]}: not measured: {reason}."]
     samples = [
@@ -292,6 +383,9 @@ def render_chart(results: dict[str, Any], target: Path) -> bool:
         if ax.lines:
             ax.legend(fontsize=8)
     searcher = "no searcher" if _searched(results) is False else "one searcher"
+    rate = _rate(results)
+    if rate is not None:
+        searcher += f", writers paced at {rate:g}/s each"
     fig.suptitle(
         f"Many writers, {searcher} ({results['meta']['cpus']} CPUs, "
         f"{results['meta']['seconds']:g} s per cell)",
