@@ -374,7 +374,6 @@ def pace(
     return {
         "rate_per_writer": rate,
         "asked_per_s": round(rate * writers, 1),
-        "achieved_per_s": round(appends / timing.seconds, 1),
         "achieved_share": round(share, 3),
         "kept_up": share >= KEPT_UP,
         "missed": sum(int(p.get("missed", 0)) for p in paced),

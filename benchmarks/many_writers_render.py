@@ -91,11 +91,6 @@ def _errors(counts: dict[str, int]) -> str:
     return f"{counts[BUSY]} / {counts[OTHER]}"
 
 
-def _paced(results: dict[str, Any]) -> bool:
-    """Whether any cell was paced (a run from before ``--rate`` has no ``pace`` at all)."""
-    return any(cell.get("pace") for cell in results["cells"])
-
-
 def _kept_up(pace: dict[str, Any]) -> str:
     share = f"{pace['achieved_share'] * 100:.1f}%"
     if pace["kept_up"]:
@@ -105,9 +100,7 @@ def _kept_up(pace: dict[str, Any]) -> str:
 
 def _pace_columns(cell: dict[str, Any]) -> str:
     """A paced cell's asked rate, achieved rate, verdict, and how far behind it fell."""
-    pace = cell.get("pace")
-    if not pace:
-        return f"| – | {_num(cell['appends_per_s'], 0)} | – | – "
+    pace = cell["pace"]
     return (
         f"| {_num(pace['asked_per_s'], 0)} | {_num(cell['appends_per_s'], 0)} "
         f"| {_kept_up(pace)} "
@@ -118,7 +111,7 @@ def _pace_columns(cell: dict[str, Any]) -> str:
 def table(results: dict[str, Any]) -> list[str]:
     """The Markdown table: one row per writer count and database (a paced run's with the
     load asked, the load achieved, whether the writers kept up and how far behind)."""
-    paced = _paced(results)
+    paced = _rate(results) is not None
     rate_header = (
         "| asked appends/s | appends/s | kept up | behind p99 / max (ms) "
         if paced
@@ -164,11 +157,10 @@ def table(results: dict[str, Any]) -> list[str]:
 def same_load(results: dict[str, Any]) -> str:
     """A paced run: whether every cell's writers kept up, so that each database's search
     figures are under the same write load; which fell behind if not ("" unpaced)."""
-    paced = [cell for cell in results["cells"] if cell.get("pace")]
-    if not paced:
+    if _rate(results) is None or not results["cells"]:
         return ""
     share = results["meta"].get("kept_up_share", 0.95)
-    behind = [cell for cell in paced if not cell["pace"]["kept_up"]]
+    behind = [cell for cell in results["cells"] if not cell["pace"]["kept_up"]]
     if not behind:
         return (
             f"Every cell's writers kept up (at least {share:.0%} of the appends asked): "
