@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import event
 
-from benchmarks import floor, layouts, many_writers, workloads
+from benchmarks import floor, layouts, many_writers, many_writers_render, workloads
 from benchmarks.layouts import (
     ALL_LAYOUTS,
     EXTERNAL,
@@ -1387,8 +1387,9 @@ def render(results: dict[str, Any], out: Path) -> int:
 def _write(results: dict[str, Any], out: Path) -> int:
     markdown = render_markdown(results)
     if results.get("many_writers"):
-        many_writers.attach_chart(results["many_writers"], out)
-        markdown += "\n" + many_writers.render_markdown(results["many_writers"], heading="##")
+        many_writers_render.attach_chart(results["many_writers"], out)
+        section = many_writers_render.render_markdown(results["many_writers"], heading="##")
+        markdown += "\n" + section
     (out / "report.md").write_text(markdown, encoding="utf-8")
     (out / "report.json").write_text(json.dumps(results, indent=1, default=str), "utf-8")
     print(markdown)
