@@ -173,12 +173,14 @@ def test_report_at_a_tiny_size(
         assert data["bytes"][name]["objects"]["messages"] > 0
         assert data["appends"]["median_s"][name] > 0
     for name in options.search_on:
-        assert set(data["search"]["median_ms"][name]) == set(workloads.QUERY_CLASSES)
+        classes = {*workloads.QUERY_CLASSES, pg_parity.FIXED_COST_CLASS}
+        assert set(data["search"]["median_ms"][name]) == classes
+        assert not any(data["search"]["hits"][name][q] for q in pg_parity.FIXED_COST_QUERIES)
     measured = [t for t in results["targets"] if t["size"] == 300]
     assert len(measured) == len(workloads.QUERY_CLASSES) + 1
     assert all(t["value"] is not None for t in measured)
     markdown = out.read_text("utf-8")
-    for query_class in workloads.QUERY_CLASSES:
+    for query_class in [*workloads.QUERY_CLASSES, pg_parity.FIXED_COST_CLASS]:
         assert f"| {query_class} |" in markdown
     assert (tmp_path / "out" / "pg_parity.json").exists()
     server = pg_parity.Server(pg_server_url)
