@@ -1,21 +1,30 @@
 """Running the search statements on PostgreSQL: the planner's settings, savepoints, and
 what a rejected query means.
 
-A search reads in a transaction of its own or in the caller's (search_messages), so each
-statement whose query values the server may reject runs in a savepoint, and the caller's
-transaction goes on. The word and trigram paths' statements are planned with _BY_INDEX,
-set and ended in that same savepoint (rolled back: a search writes nothing), the settings
-read in the statement that sets them: one savepoint, the settings, the statement, the
-rollback, four round trips.
+A search reads in a transaction of its own (``guarded`` False) or in the caller's
+(search_messages). In the caller's, each statement whose query values the server may
+reject runs in a savepoint, so that the caller's transaction goes on; in its own, a
+rejected statement rolls the transaction back, and the next statement begins another
+(nothing was read in it that the search keeps).
+
+The word and trigram paths' statements are planned with _BY_INDEX: set by the statement
+that also reads what the search needs first (the layout marker, the newest id), and put
+back to the values they had by one more statement after the read, never by rolling back.
+psycopg forgets every prepared statement of a connection at any ROLLBACK, ROLLBACK TO
+SAVEPOINT included, so a search that rolled back would have PostgreSQL parse and plan all
+its statements again each time (1.5 ms of the 1.7 a word search that matches nothing
+took at 50,000 messages, against 0.2 prepared). The search's own transaction ends with
+COMMIT for the same reason (search.read_transaction): it wrote nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, String, bindparam, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
@@ -32,10 +41,19 @@ Statement = tuple[Any, dict[str, Any]]
 #: No JIT: a statement's estimated cost grows with its matches (a common word's) past
 #: jit_above_cost, and compiling it then costs tens of milliseconds, more than it runs
 #: (`self OR error NOT test` at 50k messages: 81 ms of JIT in a 204 ms statement).
+_PLANNER = (("enable_seqscan", "off"), ("enable_indexscan", "off"), ("jit", "off"))
+#: Each setting's value before, then _PLANNER's set (until the transaction ends, or
+#: _RESTORE): a target list is evaluated in order.
 _BY_INDEX = (
-    func.set_config("enable_seqscan", "off", True),
-    func.set_config("enable_indexscan", "off", True),
-    func.set_config("jit", "off", True),
+    *(func.current_setting(name) for name, _ in _PLANNER),
+    *(func.set_config(name, value, True) for name, value in _PLANNER),
+)
+#: _PLANNER's settings given back the values they had (binds ``was0``, ``was1``...).
+_RESTORE = select(
+    *(
+        func.set_config(name, bindparam(f"was{n}", type_=String), True)
+        for n, (name, _) in enumerate(_PLANNER)
+    )
 )
 
 
@@ -51,49 +69,65 @@ def encodable(values: Iterable[Any]) -> bool:
     return True
 
 
-def rows(conn: Connection, statement: Any, values: dict[str, Any]) -> list[dict[str, Any]] | None:
+def rows(
+    conn: Connection, statement: Any, values: dict[str, Any], *, guarded: bool = True
+) -> list[dict[str, Any]] | None:
     """The statement's rows; None when the server rejected the query's values (in a
-    savepoint, so the caller's transaction goes on). Any other error (a store without the
-    search functions, a lost connection) is raised: it is no answer to the query."""
+    savepoint when ``guarded``, so the caller's transaction goes on; else the search's own
+    transaction is rolled back). Any other error (a store without the search functions, a
+    lost connection) is raised: it is no answer to the query."""
     if not encodable(values.values()):
         log.debug("search: query or filter not encodable as UTF-8; no results")
         return []
     try:
-        with conn.begin_nested():
+        with _guard(conn, guarded):
             return [dict(row) for row in conn.execute(statement, values).mappings()]
     except DBAPIError as exc:
-        if not rejected_query(exc):
-            raise
-        log.debug("search: PostgreSQL rejected the query (%s)", type(exc.orig).__name__)
-        return None
+        return _rejected(conn, exc, guarded)
 
 
 def rows_by_index(
     conn: Connection,
     make: Callable[[Sequence[Any]], Statement],
     read: Sequence[ColumnElement[Any]] = (),
+    *,
+    guarded: bool = True,
 ) -> list[dict[str, Any]] | None:
-    """The rows of the statement ``make`` gives, planned with _BY_INDEX, in one savepoint
-    that both bounds the settings and keeps the caller's transaction going when the
-    server rejects the query's values (None); rolled back after the read, as a search
-    writes nothing. ``read``: values the statement depends on, read with the settings and
+    """The rows of the statement ``make`` gives, planned with _BY_INDEX, the settings put
+    back after the read; None when the server rejected the query's values (as
+    :func:`rows`). ``read``: values the statement depends on, read with the settings and
     given to ``make``."""
     try:
-        with conn.begin_nested() as savepoint:
-            found = conn.execute(select(*_BY_INDEX, *read)).one()
-            statement, values = make(tuple(found)[len(_BY_INDEX) :])
-            if not encodable(values.values()):
+        with _guard(conn, guarded):
+            found = tuple(conn.execute(select(*_BY_INDEX, *read)).one())
+            was = {f"was{n}": value for n, value in enumerate(found[: len(_PLANNER)])}
+            statement, values = make(found[len(_BY_INDEX) :])
+            answer: list[dict[str, Any]] = []
+            if encodable(values.values()):
+                answer = [dict(row) for row in conn.execute(statement, values).mappings()]
+            else:
                 log.debug("search: query or filter not encodable as UTF-8; no results")
-                savepoint.rollback()
-                return []
-            answer = [dict(row) for row in conn.execute(statement, values).mappings()]
-            savepoint.rollback()
+            conn.execute(_RESTORE, was)
             return answer
     except DBAPIError as exc:
-        if not rejected_query(exc):
-            raise
-        log.debug("search: PostgreSQL rejected the query (%s)", type(exc.orig).__name__)
-        return None
+        return _rejected(conn, exc, guarded)
+
+
+def _guard(conn: Connection, guarded: bool) -> contextlib.AbstractContextManager[Any]:
+    """A savepoint, released when the block ends well and rolled back when it raises
+    (``guarded``); else nothing."""
+    return conn.begin_nested() if guarded else contextlib.nullcontext()
+
+
+def _rejected(conn: Connection, exc: DBAPIError, guarded: bool) -> None:
+    """A server's error: the query rejected (None; the search's own transaction rolled
+    back, the caller's was by the savepoint), else raised."""
+    if not rejected_query(exc):
+        raise exc
+    if not guarded:
+        conn.rollback()
+    log.debug("search: PostgreSQL rejected the query (%s)", type(exc.orig).__name__)
+    return None
 
 
 #: SQLSTATEs of a query the server refuses for what it says: a data exception (class 22),

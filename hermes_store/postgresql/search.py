@@ -648,8 +648,12 @@ CONTEXT_WINDOWS = windows_of(
 class PostgreSQLSearch:
     """The search statements on one PostgreSQL connection (hermes_store.search.pipeline)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, *, own_transaction: bool = False) -> None:
+        """``own_transaction``: ``conn``'s transaction is the search's own (read_transaction),
+        so a rejected statement may roll it back; else the caller's, each such statement
+        in a savepoint."""
         self.conn = conn
+        self.guarded = not own_transaction
 
     def plan(self, sanitized: str) -> Plan | SearchResults:
         # Both indexes exist at head (revision fts1): the trigram path is always there.
@@ -673,6 +677,7 @@ class PostgreSQLSearch:
                     tree, options, stored=words.reads_stored(read[0]), top=read[1]
                 ),
                 [words.LAYOUT, TOP_ID],
+                guarded=self.guarded,
             )
             if rows is None:
                 return Found([], route, query_error=_not_searchable(conn, tree))
@@ -686,11 +691,11 @@ class PostgreSQLSearch:
                 return Found([], route)
             if trigram is not None:
                 statement = trigram_statement(trigram, route, options)
-                rows = rows_by_index(conn, lambda _: statement)
+                rows = rows_by_index(conn, lambda _: statement, guarded=self.guarded)
                 if rows is not None:
                     return Found(rows, route)
         like = Route(None, "", route.like_tokens)
-        rows = plain_rows(conn, *like_statement(like, options))
+        rows = plain_rows(conn, *like_statement(like, options), guarded=self.guarded)
         if rows is None:  # plain patterns, escaped here: no query causes that
             raise _search_failed("the LIKE scan")
         for row in rows:
@@ -746,7 +751,10 @@ def read_transaction(source: Engine | Connections) -> Iterator[PostgreSQLSearch]
     """The search statements in a read transaction of their own: one snapshot."""
     with source.connect() as conn:
         conn.execution_options(isolation_level="REPEATABLE READ")
-        yield PostgreSQLSearch(conn)
+        yield PostgreSQLSearch(conn, own_transaction=True)
+        # It wrote nothing: COMMIT ends it as ROLLBACK would, and keeps the connection's
+        # prepared statements, which psycopg forgets at a ROLLBACK (reads.py).
+        conn.commit()
 
 
 def _windows(conn: Connection, chunk: list[int]) -> list[tuple[Any, ...]]:

@@ -1,0 +1,65 @@
+"""PostgreSQL keeps a search's statements prepared from one search to the next, and a search
+in the caller's transaction leaves its planner settings as it found them
+(hermes_store/postgresql/reads.py).
+
+psycopg forgets a connection's prepared statements at any ROLLBACK (ROLLBACK TO SAVEPOINT
+too): a search that ended that way had the server parse and plan every statement again,
+each time. Here the statements a search runs are still prepared after the next ones.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+from test_search_postgresql import stores  # noqa: F401  (the module's stores, copied)
+
+from hermes_store.search import search_messages
+from hermes_store.store import Store
+
+QUERIES = ("def", '"import os"', "pyth*", "数据库", "的")
+
+
+def _prepared(conn: Connection) -> list[str]:
+    return [
+        str(row[0])
+        for row in conn.execute(text("SELECT statement FROM pg_prepared_statements"))
+    ]
+
+
+def _settings(conn: Connection) -> tuple[str, ...]:
+    names = ("enable_seqscan", "enable_indexscan", "jit")
+    return tuple(str(conn.execute(text(f"SHOW {name}")).scalar_one()) for name in names)
+
+
+def test_a_search_s_statements_stay_prepared_across_searches(
+    stores: tuple[Engine, Engine],  # noqa: F811
+) -> None:
+    _, server = stores
+    store = Store.open(server.url.render_as_string(hide_password=False))
+    try:
+        for _ in range(8):  # past psycopg's threshold (5 runs of a statement)
+            for query in QUERIES:
+                assert store.search(query), query
+        with store.engine.connect() as conn:  # the pool's one connection
+            prepared = _prepared(conn)
+    finally:
+        store.close()
+    assert any("matches0" in statement for statement in prepared), prepared
+    assert any("current_setting" in statement for statement in prepared), prepared
+
+
+def test_a_search_in_the_callers_transaction_gives_its_settings_back(
+    stores: tuple[Engine, Engine],  # noqa: F811
+) -> None:
+    _, server = stores
+    with server.connect() as conn:
+        before = _settings(conn)
+        for query in QUERIES:
+            assert list(search_messages(conn, query)), query
+        assert _settings(conn) == before
+        conn.execute(text("SET LOCAL jit = on"))
+        conn.execute(text("SET LOCAL enable_seqscan = off"))
+        mine = _settings(conn)
+        assert list(search_messages(conn, "python"))
+        assert _settings(conn) == mine
+        assert conn.execute(text("SELECT 1")).scalar_one() == 1
