@@ -22,9 +22,10 @@ from sqlalchemy import Engine, text
 
 from hermes_store import migrate
 from hermes_store.declarations import LAYOUT_MARKER
-from hermes_store.engine import create_store_engine
+from hermes_store.engine import ENV_BUSY_TIMEOUT, create_store_engine
 from hermes_store.postgresql.check import check_server, repair_server
 from hermes_store.search import search_messages
+from hermes_store.store import NewMessage, Store
 
 pytestmark = pytest.mark.postgresql
 
@@ -32,6 +33,14 @@ pytestmark = pytest.mark.postgresql
 BEFORE = "merge_30_fts1"
 #: The state_meta key fts2 records its fill's progress under.
 FILLED_KEY = "hermes_store.search_words_filled_upto"
+#: An agent's busy timeout (ms) above what one of step 1's lock attempts may make it
+#: queue (100 ms) and below what it could before (400 ms).
+AGENT_BUSY_MS = "300"
+#: Step 1's statement as pg_stat_activity shows it while it waits for the table's lock.
+WAITING_STEP_1 = (
+    "SELECT query_start FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+    " AND wait_event_type = 'Lock' AND query LIKE '%ADD COLUMN IF NOT EXISTS search_words%'"
+)
 
 WRITER = """
 import json, sys, time
@@ -195,6 +204,66 @@ def test_an_upgrade_killed_while_filling_resumes_and_search_stays_exact(pg_url: 
         assert len(search_messages(conn, '"return self"', limit=-1)) == rows
         assert check_server(conn, quick=True).ok
     engine.dispose()
+
+
+def test_an_agent_appends_within_its_busy_timeout_while_step_1_waits_for_a_reader(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's open transaction (a long search) keeps step 1 from its lock; the agent's
+    appends, which queue behind each waiting attempt, still end within a short busy
+    timeout, attempt after attempt, and the upgrade goes on once the reader is done."""
+    migrate.upgrade(pg_url, BEFORE)
+    engine = create_store_engine(pg_url, create=False)
+    _fill(engine, 10)
+    monkeypatch.setenv(ENV_BUSY_TIMEOUT, AGENT_BUSY_MS)
+    agent = Store.open(pg_url)
+    monkeypatch.delenv(ENV_BUSY_TIMEOUT)
+    agent.create_session("agent", "cli")
+    reader = engine.connect()
+    reader.begin()
+    reader.execute(text("SELECT count(*) FROM messages"))  # holds its lock until it ends
+    outcome: list[Any] = []
+    upgrade = threading.Thread(target=lambda: outcome.append(_upgrade_or_error(pg_url)))
+    upgrade.start()
+    attempts: set[Any] = set()
+    errors: list[str] = []
+    appended = 0
+    try:
+        with engine.connect() as monitor:
+            deadline = time.monotonic() + 60
+            while appended + len(errors) < 5 and time.monotonic() < deadline:
+                started = monitor.execute(text(WAITING_STEP_1)).scalar()
+                monitor.rollback()
+                if started is None or started in attempts:
+                    time.sleep(0.005)
+                    continue
+                attempts.add(started)  # a new attempt waits: the append queues behind it
+                try:
+                    agent.append_message("agent", NewMessage("user", "queued turn"))
+                    appended += 1
+                except Exception as exc:  # counted, not raised: the assertion says which
+                    errors.append(type(exc).__name__)
+    finally:
+        reader.rollback()
+        reader.close()
+        upgrade.join(timeout=120)
+        agent.close()
+    assert errors == []
+    assert appended == 5
+    assert len(attempts) >= 5  # each a new attempt, after the one before gave up
+    assert outcome == [(migrate.head_revision(),)]
+    assert _layout(engine) == "stored"
+    with engine.connect() as conn:
+        assert len(search_messages(conn, '"queued turn"', limit=-1)) == 5
+    engine.dispose()
+
+
+def _upgrade_or_error(url: str) -> Any:
+    """The revisions an upgrade ends at, or the class name of what it raised."""
+    try:
+        return migrate.upgrade(url).after
+    except Exception as exc:
+        return type(exc).__name__
 
 
 def test_every_write_keeps_the_words_and_a_downgrade_gives_back_fts1(pg_url: str) -> None:
