@@ -14,7 +14,7 @@ On PostgreSQL, without a table rewrite and without blocking the agent:
    tool_name or tool_calls, in the writer's own transaction. Each attempt waits at most
    LOCK_TIMEOUT (100 ms) for the table's lock, since the agent's statements queue behind
    a waiting lock request; then a random pause of LOCK_PAUSE lets them run, and it tries
-   again, for LOCK_PATIENCE (a minute) before it gives up saying what to do (at 400 ms
+   again, for LOCK_PATIENCE (three minutes) before it gives up saying what to do (at 400 ms
    an attempt, appends of 0.4-0.6 s were measured queued behind the attempts);
 2. the rows already there are filled in batches of about BATCH_SECONDS each, in id
    order; each batch commits with its progress (`state_meta` key FILLED_KEY), so that a
@@ -81,8 +81,10 @@ LOCK_TIMEOUT = "100ms"
 #: that writes or searches at a steady pace.
 LOCK_PAUSE = (0.05, 0.25)
 #: How long (seconds) the attempts go on before the upgrade gives up with a line that says
-#: what to do: a minute, enough for an agent's longest search to end.
-LOCK_PATIENCE = 60.0
+#: what to do: three minutes, as patient as the 400 ms attempts were (150 of them and
+#: their pauses, about 200 s), and longer than an agent's longest search at fts1's layout
+#: (17-83 s for a phrase at 500k messages).
+LOCK_PATIENCE = 180.0
 #: The time one batch of the fill aims at (its row locks are held that long).
 BATCH_SECONDS = 0.2
 #: The share of the fill's time spent filling: after each batch it pauses for the batch's
@@ -210,7 +212,7 @@ def _locked(sql: str) -> None:
                 break
             time.sleep(random.uniform(*LOCK_PAUSE))
         raise RuntimeError(
-            "another transaction held the messages table for over a minute; end it (see "
+            "another transaction held the messages table for over three minutes; end it (see "
             "pg_stat_activity) and upgrade again: the upgrade goes on where it stopped"
         )
     finally:
