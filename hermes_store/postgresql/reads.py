@@ -119,7 +119,7 @@ def _guard(conn: Connection, guarded: bool) -> contextlib.AbstractContextManager
     return conn.begin_nested() if guarded else contextlib.nullcontext()
 
 
-def _rejected(conn: Connection, exc: DBAPIError, guarded: bool) -> None:
+def _rejected(conn: Connection, exc: DBAPIError, guarded: bool) -> list[dict[str, Any]] | None:
     """A server's error: the query rejected (None; the search's own transaction rolled
     back, the caller's was by the savepoint), else raised."""
     if not rejected_query(exc):
