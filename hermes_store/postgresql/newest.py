@@ -1,4 +1,5 @@
-"""The newest matches of a ranked word search on PostgreSQL, read from the newest ids down.
+"""The newest matches of a ranked search on PostgreSQL (the word path over the stored
+words, and the trigram path), read from the newest ids down.
 
 A ranked search ranks the newest matches only (RANK_WINDOW of them, or as many as the page
 reaches, in ``hermes_store.postgresql.search``), so it needs those matches by id and size,

@@ -20,8 +20,9 @@ The trigram path's and the LIKE scan's tests are :mod:`hermes_store.postgresql.s
 
 The word path finds its matches first, alone (a materialised CTE), with the planner held
 to a bitmap scan of the search index (_BY_INDEX): it takes the index expression for cheap
-and would rather re-tokenise every row. The trigram path, held the same way, reads its
-matches' rows in the same scan of the trigram index (a LIKE is cheap to test again). Rank
+and would rather re-tokenise every row. The trigram path, held the same way, tests its
+matches in the same scan of the trigram index (a LIKE is cheap to test again). Ranked,
+both read their newest matches by id and size only (newest_matches). Rank
 is ``ts_rank_cd`` (word path) or the share of the text its tokens cover (trigram path,
 coverage), higher first, not FTS5's BM25; ties go to the lower id. Only the newest matches
 within RANK_WINDOW and RANK_WINDOW_BYTES are ranked; older ones follow them, newest first.
@@ -173,7 +174,15 @@ def _words(stored: bool) -> ColumnElement[Any]:
 _RANKED_WORDS = table("messages", column("id", Integer), column(WORDS_COLUMN, TSVECTOR)).alias(
     "ranked_words"
 )
-#: `messages` as the exact test of newest_matches' reads their stored words (by ctid).
+#: `messages` as the trigram path's rank reads a ranked hit's text (by id).
+_RANKED_TEXTS = table(
+    "messages",
+    column("id", Integer),
+    column("content", String),
+    column("tool_name", String),
+    column("tool_calls", String),
+).alias("ranked_texts")
+#: `messages` as the exact test of newest_matches' matches reads their stored words (by ctid).
 _EXACT_WORDS = table("messages", column("ctid"), column(WORDS_COLUMN, TSVECTOR)).alias(
     "exact_words"
 )
@@ -476,10 +485,15 @@ def _word_statement(
 
 
 def trigram_statement(
-    tree: Node, route: Route, options: SearchOptions
+    tree: Node, route: Route, options: SearchOptions, *, top: int | None = None
 ) -> tuple[Any, dict[str, Any]]:
-    """The trigram path's statement for a simplified tree, and its parameters.
+    """The trigram path's statement for a simplified tree, and its parameters (``top``:
+    the store's newest id as the statement starts, where newest_matches' ranges begin).
 
+    By rank, the newest matches are found by id and size alone (newest_matches), and the
+    text of those the window ranks read again by id, for the rank and the page's
+    snippets: not every match's text carried through the sort, nor its session joined.
+    By time, the matches' texts come with them (the ties' rank, the page's snippets).
     Statements are kept by shape (_TRIGRAM_STATEMENTS): building one costs more than a
     small search on SQLite does, and queries of one shape differ in values only.
     """
@@ -498,10 +512,19 @@ def trigram_statement(
         condition = trigram_condition(tree, binds, _document())
         tokens = [(binds(to_server_text(token)), caseless(token)) for token in found]
 
-        def rank_of(hits: Any) -> ColumnElement[float]:
-            return coverage(_document(hits), tokens)
+        by_time = sort in ("newest", "oldest")
 
-        statement, _ = _ranked(condition, filters, sort, page, rank_of, documents=True, alone=False)
+        def rank_of(hits: Any) -> ColumnElement[float]:
+            if by_time:
+                return coverage(_document(hits), tokens)
+            texts = _RANKED_TEXTS
+            ranked = select(coverage(_document(texts.c), tokens)).where(texts.c.id == hits.id)
+            return ranked.scalar_subquery()
+
+        inputs = _TEXT_COLUMNS if by_time else ()
+        statement, _ = _ranked(
+            condition, filters, sort, page, rank_of, inputs, documents=True, alone=False
+        )
         if len(_TRIGRAM_STATEMENTS) >= TRIGRAM_STATEMENTS:
             _TRIGRAM_STATEMENTS.clear()
         _TRIGRAM_STATEMENTS[key] = statement
@@ -509,7 +532,8 @@ def trigram_statement(
     texts = [like_pattern(token) for token in phrase_tokens(tree)]
     texts += [to_server_text(token) for token in found]
     binds_values = {f"q{number}": text for number, text in enumerate(texts)}
-    return statement, {**_filter_values(filters), **binds_values, **_ranked_values(sort, page)}
+    values = {**_filter_values(filters), **binds_values, **_ranked_values(sort, page, top)}
+    return statement, values
 
 
 #: Trigram statements kept at most (then all dropped): one per shape of query, filters,
@@ -690,8 +714,13 @@ class PostgreSQLSearch:
             if isinstance(trigram, Nothing):
                 return Found([], route)
             if trigram is not None:
-                statement = trigram_statement(trigram, route, options)
-                rows = rows_by_index(conn, lambda _: statement, guarded=self.guarded)
+                parsed = trigram
+                rows = rows_by_index(
+                    conn,
+                    lambda read: trigram_statement(parsed, route, options, top=read[0]),
+                    [TOP_ID],
+                    guarded=self.guarded,
+                )
                 if rows is not None:
                     return Found(rows, route)
         like = Route(None, "", route.like_tokens)
