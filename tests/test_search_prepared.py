@@ -21,8 +21,7 @@ QUERIES = ("def", '"import os"', "pyth*", "数据库", "的")
 
 def _prepared(conn: Connection) -> list[str]:
     return [
-        str(row[0])
-        for row in conn.execute(text("SELECT statement FROM pg_prepared_statements"))
+        str(row[0]) for row in conn.execute(text("SELECT statement FROM pg_prepared_statements"))
     ]
 
 
