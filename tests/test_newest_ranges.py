@@ -1,6 +1,6 @@
-"""A ranked search on PostgreSQL (the word and trigram paths) reads its newest matches range
-by range, from the newest ids down (hermes_store.postgresql.newest): its pages are those of
-reading every match, wherever the ranges fall.
+"""A ranked word search on PostgreSQL reads its newest matches range by range, from the
+newest ids down (hermes_store.postgresql.newest): its pages are those of reading every
+match, wherever the ranges fall.
 
 The ranges are placed by the store's newest id as the statement starts (``top``); any
 value gives the same answer, since the ranges and the rest always cover every id. So each
@@ -24,7 +24,6 @@ from hermes_store.postgresql import newest, search
 from hermes_store.postgresql.reads import rows_by_index
 from hermes_store.search.pipeline import index_query
 from hermes_store.search.query import (
-    TRIGRAM_INDEX,
     WORD_INDEX,
     Nothing,
     QuerySyntaxError,
@@ -40,44 +39,31 @@ WINDOW = 4
 PAGES = ((3, 0), (5, 3), (5, 0))
 
 
-#: Queries of the trigram path besides the parity queries' (a common CJK word, so that its
-#: matches fill ranges; an OR and a NOT of two).
-TRIGRAM_EXTRA = ["数据库", "数据库 OR 服务器", "数据库 NOT 服务器", "テスト"]
-
-
 def _trees() -> list[tuple[str, Any]]:
-    """(query, (route, tree)) of every query of either index path."""
     trees = []
     queries = [str(entry["query"]) for entry in PARITY_QUERIES]
-    queries += ["NEAR(def return, 3)", "error NOT exception", "import NOT os", *TRIGRAM_EXTRA]
+    queries += ["NEAR(def return, 3)", "error NOT exception", "import NOT os"]
     for query in queries:
         sanitized = index_query(query)
         if not sanitized:
             continue
         route = route_query(sanitized, trigram=True)
-        if route.index not in (WORD_INDEX, TRIGRAM_INDEX):
+        if route.index != WORD_INDEX:
             continue
         try:
-            tree = simplify(parse_query(route.match, trigram=route.index == TRIGRAM_INDEX))
+            tree = simplify(parse_query(route.match))
         except QuerySyntaxError:
             continue
         if not isinstance(tree, Nothing):
-            trees.append((query, (route, tree)))
+            trees.append((query, tree))
     return trees
 
 
 TREES = _trees()
 
 
-def _page(conn: Any, parsed: Any, options: SearchOptions, top: int | None) -> list[int]:
-    route, tree = parsed
-
-    def statement(_read: Any) -> Any:
-        if route.index == TRIGRAM_INDEX:
-            return search.trigram_statement(tree, route, options, top=top)
-        return search.word_statement(tree, options, top=top)
-
-    rows = rows_by_index(conn, statement)
+def _page(conn: Any, tree: Any, options: SearchOptions, top: int | None) -> list[int]:
+    rows = rows_by_index(conn, lambda _read: search.word_statement(tree, options, top=top))
     assert rows is not None
     return [int(row["id"]) for row in rows]
 
@@ -106,25 +92,19 @@ def test_every_page_is_the_one_read_from_every_match(
     with server.connect() as conn:
         top_id = int(conn.execute(text("SELECT max(id) FROM messages")).scalar_one())
         tops = sorted({0, 40, 90, 150, 220, 300, 400, top_id // 2, top_id, top_id + 500})
-        for query, parsed in TREES:
+        for query, tree in TREES:
             everything = SearchOptions(query, limit=-1)
-            matches = _page(conn, parsed, everything, None)
+            matches = _page(conn, tree, everything, None)
             for limit, offset in PAGES:
                 options = SearchOptions(query, limit=limit, offset=offset)
-                expected = _page(conn, parsed, options, None)
+                expected = _page(conn, tree, options, None)
                 need = max(WINDOW, limit + offset)
                 for top in tops:
-                    assert _page(conn, parsed, options, top) == expected, (
-                        query,
-                        limit,
-                        offset,
-                        top,
-                    )
+                    assert _page(conn, tree, options, top) == expected, (query, limit, offset, top)
                     ways.add(_ways(matches, top, need))
                     compared += 1
     assert compared > 500
     assert ways == {"first", "first, rest", "first, second", "first, second, rest"}
-    assert any(parsed[0].index == TRIGRAM_INDEX for _query, parsed in TREES)
 
 
 def test_a_page_past_the_window_and_every_match_are_those_of_every_match(
@@ -134,7 +114,7 @@ def test_a_page_past_the_window_and_every_match_are_those_of_every_match(
     """A page that ends past the window needs that many matches; no limit reads them all."""
     monkeypatch.setattr(search, "RANK_WINDOW", WINDOW)
     _, server = stores
-    query, tree = next((query, parsed) for query, parsed in TREES if query == "def")
+    query, tree = next((query, tree) for query, tree in TREES if query == "def")
     with server.connect() as conn:
         top_id = int(conn.execute(text("SELECT max(id) FROM messages")).scalar_one())
         for options in (SearchOptions(query, limit=10, offset=30), SearchOptions(query, limit=-1)):

@@ -1,5 +1,5 @@
-"""The newest matches of a ranked search on PostgreSQL (the word path over the stored
-words, and the trigram path), read from the newest ids down.
+"""The newest matches of a ranked search on PostgreSQL, by id and size only: the word
+path's read from the newest ids down, the trigram path's all at once.
 
 A ranked search ranks the newest matches only (RANK_WINDOW of them, or as many as the page
 reaches, in ``hermes_store.postgresql.search``), so it needs those matches by id and size,
@@ -80,7 +80,9 @@ def text_bytes(columns: Any = M.c) -> ColumnElement[int]:
     )
 
 
-def newest_matches(condition: ColumnElement[bool], filters: Filters, exact: Exact | None) -> Any:
+def newest_matches(
+    condition: ColumnElement[bool], filters: Filters, exact: Exact | None, *, ranges: bool = True
+) -> Any:
     """The newest matches, newest first, with their sizes (columns ``id``, ``size``): as
     many as the bind ``newest`` says (all with NULL), read range by range (the binds
     ``floor0`` and ``floor1``: see :func:`floors`).
@@ -92,8 +94,12 @@ def newest_matches(condition: ColumnElement[bool], filters: Filters, exact: Exac
     lists for a common word in a rare phrase (``is`` in "database is locked") cost more
     than the few rows. The rest is read when the ranges read held fewer than ``newest``.
     Each count is PostgreSQL's to compute when first asked, in CASEs that ask in order.
+    Without ``ranges``, every match is read at once and the newest ``newest`` kept.
     """
     newest = bindparam("newest", type_=Integer)
+    if not ranges:  # every match at once, the newest kept (the trigram path's: see search)
+        every = _range(0, condition, filters, exact, newest)
+        return select(every.c.id, every.c.size).subquery("newest")
     floor0, floor1 = (bindparam(f"floor{n}", type_=BigInteger) for n in range(2))
     first = _range(0, and_(condition, M.c.id > floor0), filters, exact, newest)
     count0 = _count(first)
