@@ -43,14 +43,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Boolean,
     ColumnElement,
     Float,
     Integer,
     String,
     and_,
-    any_,
     bindparam,
     case,
     column,
@@ -61,7 +59,7 @@ from sqlalchemy import (
     select,
     table,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, TSVECTOR
+from sqlalchemy.dialects.postgresql import TSVECTOR
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -69,6 +67,7 @@ from hermes_store.declarations import WORDS_COLUMN
 from hermes_store.errors import SearchFailed
 from hermes_store.models import SERVER_ESCAPE, from_server_text, to_server_text
 from hermes_store.postgresql import words
+from hermes_store.postgresql.contexts import context_rows
 from hermes_store.postgresql.newest import (
     TOP_ID,
     VISIBLE,
@@ -100,12 +99,9 @@ from hermes_store.postgresql.tsquery import (
 )
 from hermes_store.prepared import Connections
 from hermes_store.search.context import (
-    CONTENT_JSON_PREFIX,
-    CONTEXT_CHARS,
     ContextMessage,
     SearchResults,
     contexts_of,
-    windows_of,
 )
 from hermes_store.search.fts5_snippets import memory_indexes, memory_snippets, snippets_of
 from hermes_store.search.pipeline import Found, Plan
@@ -665,23 +661,6 @@ def _documents(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
     }
 
 
-#: The context windows' rows (hermes_store.search.context.windows_of): a NUL is stored as
-#: U+FFFE here and a character of its codes as three (hermes_store.models.to_server_text),
-#: so the characters that hold the first CONTEXT_CHARS; content stored as JSON whole. The
-#: hits' ids are one array (``= ANY``): one text of the statement whatever their number, so
-#: no IN list is written out for each search.
-CONTEXT_WINDOWS = windows_of(
-    lambda content: case(
-        (
-            func.left(content, len(CONTENT_JSON_PREFIX)) == to_server_text(CONTENT_JSON_PREFIX),
-            content,
-        ),
-        else_=func.substr(content, 1, 3 * CONTEXT_CHARS),
-    ),
-    lambda hit_id: hit_id == any_(bindparam("ids", type_=ARRAY(BigInteger))),
-)
-
-
 class PostgreSQLSearch:
     """The search statements on one PostgreSQL connection (hermes_store.search.pipeline)."""
 
@@ -768,7 +747,7 @@ class PostgreSQLSearch:
 
     def contexts(self, hit_ids: Sequence[int]) -> dict[int, list[ContextMessage]]:
         try:
-            return contexts_of(lambda chunk: _windows(self.conn, chunk), hit_ids)
+            return contexts_of(lambda chunk: context_rows(self.conn, chunk), hit_ids)
         except Exception:  # the contract: a failed context lookup leaves every hit with []
             log.debug("search: context lookup failed", exc_info=True)
             return {}
@@ -792,11 +771,3 @@ def read_transaction(source: Engine | Connections) -> Iterator[PostgreSQLSearch]
         # It wrote nothing: COMMIT ends it as ROLLBACK would, and keeps the connection's
         # prepared statements, which psycopg forgets at a ROLLBACK (reads.py).
         conn.commit()
-
-
-def _windows(conn: Connection, chunk: list[int]) -> list[tuple[Any, ...]]:
-    """CONTEXT_WINDOWS' rows for a chunk of hits, content as the data layer gives it."""
-    return [
-        (hit_id, role, from_server_text(content) if isinstance(content, str) else content)
-        for hit_id, role, content in conn.execute(CONTEXT_WINDOWS, {"ids": chunk})
-    ]
