@@ -15,51 +15,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from parity_queries import PARITY_QUERIES
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from test_search_postgresql import stores  # noqa: F401  (the module's stores, copied)
+from test_word_statements import TREES  # every word query of the parity set, and more
 
 from hermes_store.postgresql import newest, search
 from hermes_store.postgresql.reads import rows_by_index
-from hermes_store.search.pipeline import index_query
-from hermes_store.search.query import (
-    WORD_INDEX,
-    Nothing,
-    QuerySyntaxError,
-    parse_query,
-    route_query,
-    simplify,
-)
 from hermes_store.search.schema import SearchOptions
 
 #: The window here: pages of 3 and 5 rows need 4 to 8 matches, against ranges of 64-128
 #: and 512-1,024 ids.
 WINDOW = 4
 PAGES = ((3, 0), (5, 3), (5, 0))
-
-
-def _trees() -> list[tuple[str, Any]]:
-    trees = []
-    queries = [str(entry["query"]) for entry in PARITY_QUERIES]
-    queries += ["NEAR(def return, 3)", "error NOT exception", "import NOT os"]
-    for query in queries:
-        sanitized = index_query(query)
-        if not sanitized:
-            continue
-        route = route_query(sanitized, trigram=True)
-        if route.index != WORD_INDEX:
-            continue
-        try:
-            tree = simplify(parse_query(route.match))
-        except QuerySyntaxError:
-            continue
-        if not isinstance(tree, Nothing):
-            trees.append((query, tree))
-    return trees
-
-
-TREES = _trees()
 
 
 def _page(conn: Any, tree: Any, options: SearchOptions, top: int | None) -> list[int]:
