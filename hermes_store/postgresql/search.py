@@ -167,18 +167,24 @@ def _words(stored: bool) -> ColumnElement[Any]:
     return func.hermes_search_words(_document(), type_=TSVECTOR)
 
 
-#: `messages` as rank reads the stored words of a ranked hit.
-_RANKED_WORDS = table("messages", column("id", Integer), column(WORDS_COLUMN, TSVECTOR)).alias(
-    "ranked_words"
-)
-#: `messages` as the trigram path's rank reads a ranked hit's text (by id).
-_RANKED_TEXTS = table(
+#: `messages` as rank reads a ranked hit again, by id: its stored words (word path) or its
+#: text (trigram path).
+_RANKED = table(
     "messages",
     column("id", Integer),
+    column(WORDS_COLUMN, TSVECTOR),
     column("content", String),
     column("tool_name", String),
     column("tool_calls", String),
-).alias("ranked_texts")
+).alias("ranked")
+
+
+def _of_ranked(hits: Any, value: Callable[[Any], ColumnElement[Any]]) -> ColumnElement[Any]:
+    """``value`` of a ranked hit's row (of _RANKED's columns), read again by its id: for the
+    rows rank reads only (the window), not carried along with every match."""
+    return select(value(_RANKED.c)).where(_RANKED.c.id == hits.id).scalar_subquery()
+
+
 #: `messages` as the exact test of newest_matches' matches reads their stored words (by ctid).
 _EXACT_WORDS = table("messages", column("ctid"), column(WORDS_COLUMN, TSVECTOR)).alias(
     "exact_words"
@@ -453,12 +459,8 @@ def _word_statement(
     # ts_rank_cd (cover density) with normalisation 1: divided by 1 + log(document
     # length), as BM25 favours short documents; cheaper than ts_rank on long texts.
     def rank_of(hits: Any) -> ColumnElement[float]:
-        if stored:  # read for the rows rank reads only (the window), not carried along
-            words: ColumnElement[Any] = (
-                select(_RANKED_WORDS.c.search_words)
-                .where(_RANKED_WORDS.c.id == hits.id)
-                .scalar_subquery()
-            )
+        if stored:
+            words = _of_ranked(hits, lambda ranked: ranked.search_words)
         else:
             words = func.hermes_search_words(_document(hits), type_=TSVECTOR)
         return func.ts_rank_cd(words, query, literal(1, Integer), type_=Float)
@@ -515,9 +517,7 @@ def trigram_statement(
         def rank_of(hits: Any) -> ColumnElement[float]:
             if by_time:
                 return coverage(_document(hits), tokens)
-            texts = _RANKED_TEXTS
-            ranked = select(coverage(_document(texts.c), tokens)).where(texts.c.id == hits.id)
-            return ranked.scalar_subquery()
+            return _of_ranked(hits, lambda ranked: coverage(_document(ranked), tokens))
 
         inputs = _TEXT_COLUMNS if by_time else ()
         # No id ranges (newest_matches): a CJK word's matches are few beside the window's
