@@ -103,19 +103,18 @@ def newest_matches(
     floor0, floor1 = (bindparam(f"floor{n}", type_=BigInteger) for n in range(2))
     first = _range(0, and_(condition, M.c.id > floor0), filters, exact, newest)
     count0 = _count(first)
-    # The second range read: the first too short, but not by much.
-    second_read = and_(count0 < newest, count0 * SPAN_RATIO >= newest)
+    # The second range is read when the first is too short, but not by much.
+    read_second = case(
+        (count0 >= newest, false()), (count0 * SPAN_RATIO < newest, false()), else_=true()
+    )
     second = _range(1, and_(condition, M.c.id > floor1, M.c.id <= floor0), filters, exact, newest)
     count1 = _count(second)
     # The rest: below the second range when it was read, else below the first. Found from
     # the search index alone (bounds no index can serve): read through the primary key,
     # it would be every older row, its words tested one by one.
-    below = case((second_read, floor1), else_=floor0)
+    below = case((read_second, floor1), else_=floor0)
     older = M.c.id + _ZERO
     rest = _range(2, and_(condition, older <= floor0, older <= below), filters, exact, newest)
-    read_second = case(
-        (count0 >= newest, false()), (count0 * SPAN_RATIO < newest, false()), else_=true()
-    )
     read_rest = case(
         (count0 >= newest, false()),
         (count0 * SPAN_RATIO < newest, true()),
