@@ -1,4 +1,5 @@
-"""PostgreSQL keeps a search's statements prepared from one search to the next, and a search
+"""PostgreSQL keeps a search's statements prepared from one search to the next, plans the
+index paths' statements once (a generic plan, not one per search's values), and a search
 in the caller's transaction leaves its planner settings as it found them
 (hermes_store/postgresql/reads.py).
 
@@ -19,14 +20,14 @@ from hermes_store.store import Store
 QUERIES = ("def", '"import os"', "pyth*", "数据库", "的")
 
 
-def _prepared(conn: Connection) -> list[str]:
-    return [
-        str(row[0]) for row in conn.execute(text("SELECT statement FROM pg_prepared_statements"))
-    ]
+def _prepared(conn: Connection) -> list[tuple[str, int, int]]:
+    """Each prepared statement's text, and how many generic and custom plans it had."""
+    sql = "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+    return [(str(row[0]), int(row[1]), int(row[2])) for row in conn.execute(text(sql))]
 
 
 def _settings(conn: Connection) -> tuple[str, ...]:
-    names = ("enable_seqscan", "enable_indexscan", "jit")
+    names = ("enable_seqscan", "enable_indexscan", "jit", "plan_cache_mode")
     return tuple(str(conn.execute(text(f"SHOW {name}")).scalar_one()) for name in names)
 
 
@@ -43,8 +44,11 @@ def test_a_search_s_statements_stay_prepared_across_searches(
             prepared = _prepared(conn)
     finally:
         store.close()
-    assert any("matches0" in statement for statement in prepared), prepared
-    assert any("current_setting" in statement for statement in prepared), prepared
+    searches = [plans for plans in prepared if "matches0" in plans[0]]
+    assert searches, prepared
+    assert any("current_setting" in statement for statement, _, _ in prepared), prepared
+    # The word and trigram statements: planned once for any values, never for each search.
+    assert all(generic > 0 and custom == 0 for _, generic, custom in searches), searches
 
 
 def test_a_search_in_the_callers_transaction_gives_its_settings_back(
@@ -58,6 +62,7 @@ def test_a_search_in_the_callers_transaction_gives_its_settings_back(
         assert _settings(conn) == before
         conn.execute(text("SET LOCAL jit = on"))
         conn.execute(text("SET LOCAL enable_seqscan = off"))
+        conn.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
         mine = _settings(conn)
         assert list(search_messages(conn, "python"))
         assert _settings(conn) == mine

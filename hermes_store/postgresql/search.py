@@ -436,6 +436,14 @@ def word_statement(
     return statement, {**_filter_values(filters), **binds, **_ranked_values(sort, page, top)}
 
 
+def _once(tsquery: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The tsquery as a scalar subquery: computed once as the statement starts (an
+    InitPlan), where a generic plan (reads._PLANNER) would otherwise normalise the query's
+    words again for every row it tests or ranks ("import os" at 50,000 messages: 11.8 ms
+    against 8.0 with the tsquery folded into a constant by a custom plan)."""
+    return select(tsquery).scalar_subquery()
+
+
 def _word_statement(
     tree: Node, options: SearchOptions, *, stored: bool
 ) -> tuple[Any, dict[str, Any]]:
@@ -443,13 +451,13 @@ def _word_statement(
     coarse_tsquery_texts' where the condition is the coarse tsquery)."""
     filters, sort, page = options.filters, options.order, options.page
     binds = Binds()
-    query = tsquery_of(tree, binds)
+    query = _once(tsquery_of(tree, binds))
     condition = _words(stored).op("@@", return_type=Boolean)(query)
     exact: Exact | None = None
     if _coarse(tree, sort, stored=stored):
         # Ranked: the index answers the coarse tsquery alone; the exact one is tested on
         # the newest of its matches only, as many as the page needs (newest_matches).
-        coarse = coarse_tsquery_of(tree, binds)
+        coarse = _once(coarse_tsquery_of(tree, binds))
         condition = _STORED_WORDS.op("@@", return_type=Boolean)(coarse)
 
         def exact(matches: Any) -> ColumnElement[bool]:
