@@ -83,7 +83,8 @@ def text_bytes(columns: Any = M.c) -> ColumnElement[int]:
 def newest_matches(
     condition: ColumnElement[bool], filters: Filters, exact: Exact | None, *, ranges: bool = True
 ) -> Any:
-    """The newest matches, newest first, with their sizes (columns ``id``, ``size``): as
+    """The newest matches, newest first, with their sizes and ctids (columns ``id``,
+    ``size``, ``row``: the ctid each was found at, for rank to read it again): as
     many as the bind ``newest`` says (all with NULL), read range by range (the binds
     ``floor0`` and ``floor1``: see :func:`floors`).
 
@@ -99,7 +100,7 @@ def newest_matches(
     newest = bindparam("newest", type_=Integer)
     if not ranges:  # every match at once, the newest kept (the trigram path's: see search)
         every = _range(0, condition, filters, exact, newest)
-        return select(every.c.id, every.c.size).subquery("newest")
+        return select(every.c.id, every.c.size, every.c.row).subquery("newest")
     floor0, floor1 = (bindparam(f"floor{n}", type_=BigInteger) for n in range(2))
     first = _range(0, and_(condition, M.c.id > floor0), filters, exact, newest)
     count0 = _count(first)
@@ -122,11 +123,12 @@ def newest_matches(
         else_=true(),
     )
     found = union_all(
-        select(first.c.id, first.c.size),
-        select(second.c.id, second.c.size).where(read_second),
-        select(rest.c.id, rest.c.size).where(read_rest),
+        select(first.c.id, first.c.size, first.c.row),
+        select(second.c.id, second.c.size, second.c.row).where(read_second),
+        select(rest.c.id, rest.c.size, rest.c.row).where(read_rest),
     ).subquery("found")
-    chosen = select(found.c.id, found.c.size).order_by(found.c.id.desc()).limit(newest)
+    chosen = select(found.c.id, found.c.size, found.c.row)
+    chosen = chosen.order_by(found.c.id.desc()).limit(newest)
     return chosen.subquery("newest")
 
 
@@ -155,10 +157,11 @@ def _range(
         .prefix_with("MATERIALIZED")
     )
     if exact is None:
-        chosen = select(matches.c.id, matches.c.size).order_by(matches.c.id.desc())
+        chosen = select(matches.c.id, matches.c.size, matches.c.row)
+        chosen = chosen.order_by(matches.c.id.desc())
     else:
         fenced = select(matches).order_by(matches.c.id.desc()).offset(0).subquery(f"by_id{n}")
-        chosen = select(fenced.c.id, fenced.c.size).where(exact(fenced.c))
+        chosen = select(fenced.c.id, fenced.c.size, fenced.c.row).where(exact(fenced.c))
         chosen = chosen.order_by(fenced.c.id.desc())
     return chosen.limit(newest).cte(f"newest{n}").prefix_with("MATERIALIZED")
 

@@ -167,11 +167,11 @@ def _words(stored: bool) -> ColumnElement[Any]:
     return func.hermes_search_words(_document(), type_=TSVECTOR)
 
 
-#: `messages` as rank reads a ranked hit again, by id: its stored words (word path) or its
-#: text (trigram path).
+#: `messages` as rank reads a ranked hit again, by its row's ctid: its stored words (word
+#: path) or its text (trigram path).
 _RANKED = table(
     "messages",
-    column("id", Integer),
+    column("ctid"),
     column(WORDS_COLUMN, TSVECTOR),
     column("content", String),
     column("tool_name", String),
@@ -180,9 +180,10 @@ _RANKED = table(
 
 
 def _of_ranked(hits: Any, value: Callable[[Any], ColumnElement[Any]]) -> ColumnElement[Any]:
-    """``value`` of a ranked hit's row (of _RANKED's columns), read again by its id: for the
-    rows rank reads only (the window), not carried along with every match."""
-    return select(value(_RANKED.c)).where(_RANKED.c.id == hits.id).scalar_subquery()
+    """``value`` of a ranked hit's row (of _RANKED's columns), read again by the ctid its
+    match was found at (a TID scan, one page: not the primary key's): for the rows rank
+    reads only (the window), not carried along with every match."""
+    return select(value(_RANKED.c)).where(_RANKED.c.ctid == hits.row).scalar_subquery()
 
 
 #: `messages` as the exact test of newest_matches' matches reads their stored words (by ctid).
@@ -312,6 +313,7 @@ def _ranked(
             by_id = newest.c.id.desc()
             statement = select(
                 newest.c.id,
+                newest.c.row,
                 func.row_number().over(order_by=by_id).label("recency"),
                 func.sum(newest.c.size).over(order_by=by_id, rows=(None, 0)).label("volume"),
             )
@@ -357,6 +359,7 @@ def _ranked(
     by_time = M.c.timestamp.desc() if sort == "newest" else M.c.timestamp.asc()
     statement = _select(condition, filters, visibility=True).add_columns(
         *rank_inputs,
+        literal_column(f"{M.name}.ctid").label("row"),
         func.count().over(partition_by=M.c.timestamp).label("ties"),
     )
     if limit >= 0:
@@ -497,10 +500,9 @@ def trigram_statement(
 ) -> tuple[Any, dict[str, Any]]:
     """The trigram path's statement for a simplified tree, and its parameters.
 
-    By rank, the newest matches are found by id and size alone (newest_matches, every
-    match at once), and the
-    text of those the window ranks read again by id, for the rank and the page's
-    snippets: not every match's text carried through the sort, nor its session joined.
+    By rank, the newest matches are found by id, size and ctid alone (newest_matches,
+    every match at once), and the text of those the window ranks read again by ctid, for
+    the rank and the page's snippets: not every match's text carried through the sort, nor its session joined.
     By time, the matches' texts come with them (the ties' rank, the page's snippets).
     Statements are kept by shape (_TRIGRAM_STATEMENTS): building one costs more than a
     small search on SQLite does, and queries of one shape differ in values only.
