@@ -502,7 +502,8 @@ def trigram_statement(
 
     By rank, the newest matches are found by id, size and ctid alone (newest_matches,
     every match at once), and the text of those the window ranks read again by ctid, for
-    the rank and the page's snippets: not every match's text carried through the sort, nor its session joined.
+    the rank and the page's snippets: not every match's text carried through the sort,
+    nor its session joined.
     By time, the matches' texts come with them (the ties' rank, the page's snippets).
     Statements are kept by shape (_TRIGRAM_STATEMENTS): building one costs more than a
     small search on SQLite does, and queries of one shape differ in values only.
