@@ -309,6 +309,50 @@ def test_results_follow_inserts_deletes_and_flag_updates(stores: tuple[Engine, E
             conn.execute(delete(messages).where(messages.c.id.in_(ids)))
 
 
+#: CJK texts for tokens found before and after a NUL (FTS5's trigram tokenizer stops there).
+_NUL_TEXTS = ("甲乙丙 一", "前\x00甲乙丙", "甲乙丙\x00丁戊己", "丁戊己 甲乙丙")
+
+
+@pytest.mark.parametrize("sort", [None, "newest"])
+def test_a_cjk_token_after_a_nul_is_not_found_as_on_sqlite(
+    stores: tuple[Engine, Engine], sort: str | None
+) -> None:
+    """Ranked, the trigram index's condition finds a token anywhere and the newest matches
+    are then tested before the NUL; by time, in one test: both answer as SQLite does."""
+    messages = Base.metadata.tables["messages"]
+    ids: dict[Engine, list[int]] = {}
+    for engine in stores:
+        with engine.begin() as conn:
+            session = conn.execute(select(Base.metadata.tables["sessions"].c.id)).scalars().first()
+            ids[engine] = [
+                conn.execute(
+                    insert(messages).returning(messages.c.id),
+                    {
+                        "session_id": session,
+                        "role": "user",
+                        "content": content,
+                        "timestamp": 8e9 + n,
+                    },
+                ).scalar_one()
+                for n, content in enumerate(_NUL_TEXTS)
+            ]
+    try:
+        answers: dict[str, list[set[int]]] = {}
+        for query in ("甲乙丙", "丁戊己", "甲乙丙 丁戊己", "甲乙丙 OR 丁戊己", "甲乙丙 NOT 丁戊己"):
+            answers[query] = []
+            for engine in stores:
+                found = {hit["id"] for hit in _search(engine, query=query, sort=sort, limit=-1)}
+                answers[query].append({ids[engine].index(i) for i in found if i in ids[engine]})
+        assert all(lite == server for lite, server in answers.values()), answers
+        # The rows reach both sides of the NUL: each one a test the NUL changes.
+        assert answers["甲乙丙"][0] == {0, 2, 3}
+        assert answers["甲乙丙 NOT 丁戊己"][0] == {0, 2}
+    finally:
+        for engine in stores:
+            with engine.begin() as conn:
+                conn.execute(delete(messages).where(messages.c.id.in_(ids[engine])))
+
+
 def test_trigram_rank_puts_texts_the_query_covers_most_first(
     stores: tuple[Engine, Engine],
 ) -> None:

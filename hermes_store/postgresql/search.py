@@ -87,6 +87,7 @@ from hermes_store.postgresql.substrings import (
     phrase_tokens,
     shape,
     trigram_condition,
+    trigram_residue,
 )
 from hermes_store.postgresql.tsquery import (
     Binds,
@@ -186,10 +187,16 @@ def _of_ranked(hits: Any, value: Callable[[Any], ColumnElement[Any]]) -> ColumnE
     return select(value(_RANKED.c)).where(_RANKED.c.ctid == hits.row).scalar_subquery()
 
 
-#: `messages` as the exact test of newest_matches' matches reads their stored words (by ctid).
-_EXACT_WORDS = table("messages", column("ctid"), column(WORDS_COLUMN, TSVECTOR)).alias(
-    "exact_words"
-)
+#: `messages` as the exact test of newest_matches' matches reads their row again (by
+#: ctid): its stored words (word path) or its text (trigram path).
+_EXACT_ROW = table(
+    "messages",
+    column("ctid"),
+    column(WORDS_COLUMN, TSVECTOR),
+    column("content", String),
+    column("tool_name", String),
+    column("tool_calls", String),
+).alias("exact_row")
 #: The words revision fts2 stores in `messages` (PostgreSQL's alone: not an ORM column).
 _STORED_WORDS = literal_column(f"{M.name}.{WORDS_COLUMN}", type_=TSVECTOR)
 
@@ -464,7 +471,7 @@ def _word_statement(
         condition = _STORED_WORDS.op("@@", return_type=Boolean)(coarse)
 
         def exact(matches: Any) -> ColumnElement[bool]:
-            words = select(_EXACT_WORDS.c.search_words).where(_EXACT_WORDS.c.ctid == matches.row)
+            words = select(_EXACT_ROW.c.search_words).where(_EXACT_ROW.c.ctid == matches.row)
             return words.scalar_subquery().op("@@", return_type=Boolean)(query)
 
     # ts_rank_cd (cover density) with normalisation 1: divided by 1 + log(document
@@ -520,10 +527,23 @@ def trigram_statement(
     statement = _TRIGRAM_STATEMENTS.get(key)
     if statement is None:
         binds = Binds()
-        condition = trigram_condition(tree, binds, _document())
+        patterns = [binds(like_pattern(token)) for token in phrase_tokens(tree)]
         tokens = [(binds(to_server_text(token)), caseless(token)) for token in found]
 
         by_time = sort in ("newest", "oldest")
+        exact: Exact | None = None
+        if by_time:
+            condition = trigram_condition(tree, patterns, _document())
+        else:
+            # Ranked: the index's condition alone over every match, and the rest (the
+            # tokens before a text's first NUL) tested on the newest of them only, as many
+            # as the window needs. The rest reads each text whole (strpos): over every
+            # match it doubled the statement (テスト at 200k messages: 6.5 ms against 2.9).
+            condition = trigram_condition(tree, patterns, _document(), before_nul_only=False)
+
+            def exact(matches: Any) -> ColumnElement[bool]:
+                again = trigram_residue(tree, patterns, _document(_EXACT_ROW.c))
+                return select(again).where(_EXACT_ROW.c.ctid == matches.row).scalar_subquery()
 
         def rank_of(hits: Any) -> ColumnElement[float]:
             if by_time:
@@ -544,12 +564,13 @@ def trigram_statement(
             inputs,
             documents=True,
             alone=False,
+            exact=exact,
             ranges=False,
         )
         if len(_TRIGRAM_STATEMENTS) >= TRIGRAM_STATEMENTS:
             _TRIGRAM_STATEMENTS.clear()
         _TRIGRAM_STATEMENTS[key] = statement
-    # The parameters in the order trigram_condition, then the rank, made them (q0, q1...).
+    # The parameters in the order the patterns, then the rank's tokens, were made (q0, q1...).
     texts = [like_pattern(token) for token in phrase_tokens(tree)]
     texts += [to_server_text(token) for token in found]
     binds_values = {f"q{number}": text for number, text in enumerate(texts)}

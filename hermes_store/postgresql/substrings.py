@@ -59,30 +59,92 @@ def caseless(token: str) -> bool:
     return all(contains_cjk(char) or (char.isascii() and not char.isalpha()) for char in token)
 
 
-def trigram_condition(node: Node, binds: Bind, document: ColumnElement[str]) -> ColumnElement[bool]:
+def trigram_condition(
+    node: Node,
+    patterns: Sequence[ColumnElement[str]],
+    document: ColumnElement[str],
+    *,
+    before_nul_only: bool = True,
+) -> ColumnElement[bool]:
     """A simplified trigram query tree as ILIKE tests over the indexed text (LIKE for a
-    caseless token: the same rows, without lower-casing each candidate's whole text)."""
+    caseless token: the same rows, without lower-casing each candidate's whole text).
+    ``patterns``: the bound LIKE patterns of the tree's tokens, in phrase_tokens' order.
+
+    Without ``before_nul_only``, a wider condition that the trigram index answers alone:
+    each token found anywhere in the text, a NUL's (U+FFFE's) or not, and no NOT's
+    exclusion. :func:`trigram_residue` is what a row it selects must then pass."""
     if isinstance(node, Phrase):  # one quoted token: a substring of 3+ characters
-        token = node.tokens[0][0]
-        pattern = binds(like_pattern(token))
-        if caseless(token):
-            found, before = document.like(pattern), before_nul(document).like(pattern)
-        else:
-            found, before = document.ilike(pattern), before_nul(document).ilike(pattern)
+        found = _contains(node, patterns[0], document)
+        if not before_nul_only:
+            return found
         # The trigram index serves the first test; the second is FTS5's trigram tokenizer,
         # which stops at a text's first NUL (stored here as U+FFFE), tested only in a text
         # that holds one.
-        return and_(found, or_(func.strpos(document, SERVER_NUL) == 0, before))
+        return and_(found, _before_nul_holds(node, patterns[0], document))
+    parts = _operands(node, patterns)
     if isinstance(node, And):
-        return and_(*(trigram_condition(operand, binds, document) for operand in node.operands))
-    if isinstance(node, Or):
-        return or_(*(trigram_condition(operand, binds, document) for operand in node.operands))
-    if isinstance(node, Not):
         return and_(
-            trigram_condition(node.positive, binds, document),
-            not_(trigram_condition(node.negative, binds, document)),
+            *(trigram_condition(o, p, document, before_nul_only=before_nul_only) for o, p in parts)
         )
+    if isinstance(node, Or):
+        return or_(
+            *(trigram_condition(o, p, document, before_nul_only=before_nul_only) for o, p in parts)
+        )
+    if isinstance(node, Not):
+        (positive, kept), (negative, excluded) = parts
+        wanted = trigram_condition(positive, kept, document, before_nul_only=before_nul_only)
+        if not before_nul_only:
+            return wanted
+        return and_(wanted, not_(trigram_condition(negative, excluded, document)))
     raise TypeError(f"no trigram condition for {type(node).__name__}")
+
+
+def trigram_residue(
+    node: Node, patterns: Sequence[ColumnElement[str]], document: ColumnElement[str]
+) -> ColumnElement[bool]:
+    """What a row the wider condition (trigram_condition without ``before_nul_only``)
+    selects must pass to match ``node``: for a token, and each token of an AND, only that
+    it is found before the text's first NUL, which a text without one passes at once;
+    anything else tested whole."""
+    if isinstance(node, Phrase):
+        return _before_nul_holds(node, patterns[0], document)
+    if isinstance(node, And):
+        return and_(*(trigram_residue(o, p, document) for o, p in _operands(node, patterns)))
+    return trigram_condition(node, patterns, document)
+
+
+def _contains(
+    node: Phrase, pattern: ColumnElement[str], value: ColumnElement[str]
+) -> ColumnElement[bool]:
+    token = node.tokens[0][0]
+    return value.like(pattern) if caseless(token) else value.ilike(pattern)
+
+
+def _before_nul_holds(
+    node: Phrase, pattern: ColumnElement[str], document: ColumnElement[str]
+) -> ColumnElement[bool]:
+    """The text holds no NUL, or the token is found before its first."""
+    before = _contains(node, pattern, before_nul(document))
+    return or_(func.strpos(document, SERVER_NUL) == 0, before)
+
+
+def _operands(
+    node: Node, patterns: Sequence[ColumnElement[str]]
+) -> list[tuple[Node, Sequence[ColumnElement[str]]]]:
+    """Each operand of an AND, OR or NOT (positive, then negative), with its patterns."""
+    if isinstance(node, Not):
+        operands = [node.positive, node.negative]
+    elif isinstance(node, (And, Or)):
+        operands = list(node.operands)
+    else:
+        raise TypeError(f"no operands in {type(node).__name__}")
+    parts: list[tuple[Node, Sequence[ColumnElement[str]]]] = []
+    start = 0
+    for operand in operands:
+        count = len(phrase_tokens(operand))
+        parts.append((operand, patterns[start : start + count]))
+        start += count
+    return parts
 
 
 def before_nul(value: ColumnElement[Any]) -> ColumnElement[str]:
