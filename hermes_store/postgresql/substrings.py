@@ -229,7 +229,7 @@ def shape(node: Node) -> tuple[Any, ...]:
 
 
 def phrase_tokens(node: Node) -> list[str]:
-    """The tokens of a trigram tree in the order trigram_condition binds them."""
+    """The tokens of a trigram tree in the order of trigram_condition's patterns."""
     if isinstance(node, Phrase):
         return [node.tokens[0][0]]
     if isinstance(node, Not):
