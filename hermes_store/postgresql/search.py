@@ -93,6 +93,7 @@ from hermes_store.postgresql.tsquery import (
     Binds,
     coarse_tsquery_of,
     coarse_tsquery_texts,
+    computed_once,
     positional,
     tsquery_of,
     tsquery_shape,
@@ -168,35 +169,29 @@ def _words(stored: bool) -> ColumnElement[Any]:
     return func.hermes_search_words(_document(), type_=TSVECTOR)
 
 
-#: `messages` as rank reads a ranked hit again, by its row's ctid: its stored words (word
-#: path) or its text (trigram path).
-_RANKED = table(
+#: `messages` as a statement reads a matched row again, by the ctid it was found at (a TID
+#: scan, one page, not the primary key's): its stored words (word path) or its text
+#: (trigram path). Rank reads the window's rows (``ranked``); the exact test of
+#: newest_matches the newest matches (``exact_row``).
+_MESSAGE_ROW = table(
     "messages",
     column("ctid"),
     column(WORDS_COLUMN, TSVECTOR),
     column("content", String),
     column("tool_name", String),
     column("tool_calls", String),
-).alias("ranked")
+)
+_RANKED, _EXACT_ROW = _MESSAGE_ROW.alias("ranked"), _MESSAGE_ROW.alias("exact_row")
 
 
-def _of_ranked(hits: Any, value: Callable[[Any], ColumnElement[Any]]) -> ColumnElement[Any]:
-    """``value`` of a ranked hit's row (of _RANKED's columns), read again by the ctid its
-    match was found at (a TID scan, one page: not the primary key's): for the rows rank
-    reads only (the window), not carried along with every match."""
-    return select(value(_RANKED.c)).where(_RANKED.c.ctid == hits.row).scalar_subquery()
+def _read_again(
+    alias: Any, row: Any, value: Callable[[Any], ColumnElement[Any]]
+) -> ColumnElement[Any]:
+    """``value`` of the row at ctid ``row`` (of _MESSAGE_ROW's columns, through ``alias``):
+    for the rows a statement tests or ranks only, not carried along with every match."""
+    return select(value(alias.c)).where(alias.c.ctid == row).scalar_subquery()
 
 
-#: `messages` as the exact test of newest_matches' matches reads their row again (by
-#: ctid): its stored words (word path) or its text (trigram path).
-_EXACT_ROW = table(
-    "messages",
-    column("ctid"),
-    column(WORDS_COLUMN, TSVECTOR),
-    column("content", String),
-    column("tool_name", String),
-    column("tool_calls", String),
-).alias("exact_row")
 #: The words revision fts2 stores in `messages` (PostgreSQL's alone: not an ORM column).
 _STORED_WORDS = literal_column(f"{M.name}.{WORDS_COLUMN}", type_=TSVECTOR)
 
@@ -446,14 +441,6 @@ def word_statement(
     return statement, {**_filter_values(filters), **binds, **_ranked_values(sort, page, top)}
 
 
-def _once(tsquery: ColumnElement[Any]) -> ColumnElement[Any]:
-    """The tsquery as a scalar subquery: computed once as the statement starts (an
-    InitPlan), where a generic plan (reads._PLANNER) would otherwise normalise the query's
-    words again for every row it tests or ranks ("import os" at 50,000 messages: 11.8 ms
-    against 8.0 with the tsquery folded into a constant by a custom plan)."""
-    return select(tsquery).scalar_subquery()
-
-
 def _word_statement(
     tree: Node, options: SearchOptions, *, stored: bool
 ) -> tuple[Any, dict[str, Any]]:
@@ -461,24 +448,24 @@ def _word_statement(
     coarse_tsquery_texts' where the condition is the coarse tsquery)."""
     filters, sort, page = options.filters, options.order, options.page
     binds = Binds()
-    query = _once(tsquery_of(tree, binds))
+    query = computed_once(tsquery_of(tree, binds))
     condition = _words(stored).op("@@", return_type=Boolean)(query)
     exact: Exact | None = None
     if _coarse(tree, sort, stored=stored):
         # Ranked: the index answers the coarse tsquery alone; the exact one is tested on
         # the newest of its matches only, as many as the page needs (newest_matches).
-        coarse = _once(coarse_tsquery_of(tree, binds))
+        coarse = computed_once(coarse_tsquery_of(tree, binds))
         condition = _STORED_WORDS.op("@@", return_type=Boolean)(coarse)
 
         def exact(matches: Any) -> ColumnElement[bool]:
-            words = select(_EXACT_ROW.c.search_words).where(_EXACT_ROW.c.ctid == matches.row)
-            return words.scalar_subquery().op("@@", return_type=Boolean)(query)
+            words = _read_again(_EXACT_ROW, matches.row, lambda row: row.search_words)
+            return words.op("@@", return_type=Boolean)(query)
 
     # ts_rank_cd (cover density) with normalisation 1: divided by 1 + log(document
     # length), as BM25 favours short documents; cheaper than ts_rank on long texts.
     def rank_of(hits: Any) -> ColumnElement[float]:
         if stored:
-            words = _of_ranked(hits, lambda ranked: ranked.search_words)
+            words = _read_again(_RANKED, hits.row, lambda ranked: ranked.search_words)
         else:
             words = func.hermes_search_words(_document(hits), type_=TSVECTOR)
         return func.ts_rank_cd(words, query, literal(1, Integer), type_=Float)
@@ -542,13 +529,16 @@ def trigram_statement(
             condition = trigram_condition(tree, patterns, _document(), before_nul_only=False)
 
             def exact(matches: Any) -> ColumnElement[bool]:
-                again = trigram_residue(tree, patterns, _document(_EXACT_ROW.c))
-                return select(again).where(_EXACT_ROW.c.ctid == matches.row).scalar_subquery()
+                return _read_again(
+                    _EXACT_ROW,
+                    matches.row,
+                    lambda row: trigram_residue(tree, patterns, _document(row)),
+                )
 
         def rank_of(hits: Any) -> ColumnElement[float]:
             if by_time:
                 return coverage(_document(hits), tokens)
-            return _of_ranked(hits, lambda ranked: coverage(_document(ranked), tokens))
+            return _read_again(_RANKED, hits.row, lambda r: coverage(_document(r), tokens))
 
         inputs = _TEXT_COLUMNS if by_time else ()
         # No id ranges (newest_matches): a CJK word's matches are few beside the window's

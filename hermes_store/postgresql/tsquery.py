@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, String, bindparam, func, literal
+from sqlalchemy import ColumnElement, Integer, String, bindparam, func, literal, select
 from sqlalchemy.dialects.postgresql import REGCONFIG, TSQUERY
 
 from hermes_store.search.query import And, Near, Node, Not, Or, Phrase, word_tokens
@@ -138,6 +138,15 @@ def _combine(function: str, queries: Sequence[ColumnElement[Any]]) -> ColumnElem
     for query in queries[1:]:
         combined = getattr(func, function)(combined, query, type_=TSQUERY)
     return combined
+
+
+def computed_once(tsquery: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The tsquery as a scalar subquery: computed once as the statement starts (an
+    InitPlan), where a generic plan (postgresql.reads._PLANNER) would otherwise normalise
+    the query's words again for every row it tests or ranks ("import os" at 50,000
+    messages: 11.8 ms against 8.0 with the tsquery folded into a constant by a custom
+    plan)."""
+    return select(tsquery).scalar_subquery()
 
 
 def tsquery_of(node: Node, binds: Binds) -> ColumnElement[Any]:
