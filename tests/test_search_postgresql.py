@@ -353,6 +353,33 @@ def test_a_cjk_token_after_a_nul_is_not_found_as_on_sqlite(
                 conn.execute(delete(messages).where(messages.c.id.in_(ids[engine])))
 
 
+def test_a_ranked_page_reaches_past_newest_matches_that_fail_the_nul_test(
+    stores: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranked, the newest matches are tested before the NUL, newest first, until the window
+    holds enough: with a window of 2 and the 3 newest matches failing (the token after a
+    NUL), the page holds the 2 older ones that pass, ranked, as SQLite's does."""
+    monkeypatch.setattr(postgresql, "RANK_WINDOW", 2)
+    contents = ["庚辛壬 癸", "庚辛壬 庚辛壬", "前\x00庚辛壬", "后\x00庚辛壬 庚辛壬", "\x00庚辛壬"]
+    lite, server = stores
+    ids = {engine: _insert_messages(engine, contents) for engine in (lite, server)}
+    try:
+        pages = {
+            engine: [hit["id"] for hit in _search(engine, query="庚辛壬", limit=2)]
+            for engine in (lite, server)
+        }
+        assert pages[server] == [ids[server][1], ids[server][0]]
+        assert sorted(pages[lite]) == ids[lite][:2]
+    finally:
+        for engine, inserted in ids.items():
+            with engine.begin() as conn:
+                conn.execute(
+                    delete(Base.metadata.tables["messages"]).where(
+                        Base.metadata.tables["messages"].c.id.in_(inserted)
+                    )
+                )
+
+
 def test_trigram_rank_puts_texts_the_query_covers_most_first(
     stores: tuple[Engine, Engine],
 ) -> None:

@@ -24,6 +24,13 @@ within each range, newest first, until the range holds enough.
 
 The id range is that of the store when the statement starts (``top``, read with the
 planner's settings): a row written since has a higher id and is in the first range.
+
+The trigram path reads every match at once (by id, size and ctid), then reads again the
+newest of them, newest first, each once by its ctid, for the test its index cannot make
+and for the rank together (Scores), until the window holds enough. Read twice, once for
+each, the window's texts took a third of the statement; tested and ranked in the scan that
+finds every match, the statement cost what all the matches' texts cost, more than the
+window's once a CJK word has some thousand matches (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -59,6 +66,12 @@ SPAN_RATIO = RECENT_SPANS[1] // RECENT_SPANS[0]
 #: ctid) that the statement's condition leaves to it.
 Exact = Callable[[Any], ColumnElement[bool]]
 
+
+#: What a row of the matches gives when read again by its ctid (its ``row`` column): a
+#: LATERAL subquery of columns ``passes`` (the test the condition leaves) and ``rank``.
+Scores = Callable[[ColumnElement[Any]], Any]
+
+
 #: The visibility filter (active or compacted) in a form no index's predicate matches:
 #: ``idx_messages_display_page`` is a partial index WHERE active = 1 OR compacted = 1, and
 #: without the table's statistics (ANALYZE not run since the rows were written, e.g. with
@@ -81,12 +94,21 @@ def text_bytes(columns: Any = M.c) -> ColumnElement[int]:
 
 
 def newest_matches(
-    condition: ColumnElement[bool], filters: Filters, exact: Exact | None, *, ranges: bool = True
+    condition: ColumnElement[bool],
+    filters: Filters,
+    exact: Exact | None,
+    *,
+    ranges: bool = True,
+    scored: Scores | None = None,
 ) -> Any:
     """The newest matches, newest first, with their sizes and ctids (columns ``id``,
     ``size``, ``row``: the ctid each was found at, for rank to read it again): as
     many as the bind ``newest`` says (all with NULL), read range by range (the binds
     ``floor0`` and ``floor1``: see :func:`floors`).
+
+    With ``scored`` (and no ``ranges``, no ``exact``): every match at once, and the newest
+    that pass its test kept, each with its ``rank`` (column ``rank``), both computed in
+    one read of the row (_scored).
 
     The first range is always read. The second only when the first held fewer than
     ``newest`` matches but at least its share of them (a range SPAN_RATIO times wider
@@ -98,7 +120,12 @@ def newest_matches(
     Without ``ranges``, every match is read at once and the newest ``newest`` kept.
     """
     newest = bindparam("newest", type_=Integer)
-    if not ranges:  # every match at once, the newest kept (the trigram path's: see search)
+    if scored is not None:
+        if ranges or exact is not None:
+            raise TypeError("scored matches are read at once, with no other test")
+        every = _scored(condition, filters, scored, newest)
+        return select(every.c.id, every.c.size, every.c.row, every.c.rank).subquery("newest")
+    if not ranges:  # every match at once, the newest kept
         every = _range(0, condition, filters, exact, newest)
         return select(every.c.id, every.c.size, every.c.row).subquery("newest")
     floor0, floor1 = (bindparam(f"floor{n}", type_=BigInteger) for n in range(2))
@@ -136,26 +163,48 @@ def _count(matches: Any) -> Any:
     return select(func.count()).select_from(matches).scalar_subquery()
 
 
-def _range(
-    n: int, condition: ColumnElement[bool], filters: Filters, exact: Exact | None, newest: Any
-) -> Any:
-    """One range's matches, its newest ``newest`` (a materialised CTE: read once, when
-    first asked). The matches found first, by id, size and ctid only (the size computed
-    before the sort, so that no text goes through it); ``exact`` then tested on them
-    newest first, each row read again by its ctid, until there are enough (the sort fenced
-    by OFFSET 0, so that the test stays above it). Without a filter on the sessions, no
-    join: every message has its session (the foreign key)."""
+def _matches(n: int, condition: ColumnElement[bool], filters: Filters) -> Any:
+    """A range's matches by id, size and ctid, found first (a materialised CTE): the size
+    computed before any sort, so that no text goes through it. Without a filter on the
+    sessions, no join: every message has its session (the foreign key)."""
     visible, sources, excluded, roles = filters.given(visibility=True)
     row: ColumnElement[Any] = literal_column(f"{M.name}.ctid").label("row")
     criteria = filter_criteria((False, sources, excluded, roles))
     source = M.join(S, S.c.id == M.c.session_id) if sources or excluded else M
-    matches = (
+    return (
         select(M.c.id, text_bytes().label("size"), row)
         .select_from(source)
         .where(condition, *((VISIBLE,) if visible else ()), *criteria)
         .cte(f"matches{n}")
         .prefix_with("MATERIALIZED")
     )
+
+
+def _scored(condition: ColumnElement[bool], filters: Filters, scores: Scores, newest: Any) -> Any:
+    """The newest ``newest`` matches that pass the test, each with its rank: the matches
+    (_matches) newest first, each read again once by its ctid for both, until there are
+    enough (the sort fenced by OFFSET 0, so that the read stays above it)."""
+    matches = _matches(0, condition, filters)
+    fenced = select(matches).order_by(matches.c.id.desc()).offset(0).subquery("by_id0")
+    scored = scores(fenced.c.row)
+    chosen = (
+        select(fenced.c.id, fenced.c.size, fenced.c.row, scored.c.rank)
+        .select_from(fenced.join(scored, true()))
+        .where(scored.c.passes)
+        .order_by(fenced.c.id.desc())
+        .limit(newest)
+    )
+    return chosen.cte("newest0").prefix_with("MATERIALIZED")
+
+
+def _range(
+    n: int, condition: ColumnElement[bool], filters: Filters, exact: Exact | None, newest: Any
+) -> Any:
+    """One range's matches (_matches), its newest ``newest`` (a materialised CTE: read
+    once, when first asked): ``exact`` tested on them newest first, each row read again by
+    its ctid, until there are enough (the sort fenced by OFFSET 0, so that the test stays
+    above it)."""
+    matches = _matches(n, condition, filters)
     if exact is None:
         chosen = select(matches.c.id, matches.c.size, matches.c.row)
         chosen = chosen.order_by(matches.c.id.desc())

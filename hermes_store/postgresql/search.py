@@ -58,6 +58,7 @@ from sqlalchemy import (
     null,
     select,
     table,
+    true,
 )
 from sqlalchemy.dialects.postgresql import TSVECTOR
 from sqlalchemy.engine import Connection, Engine
@@ -72,6 +73,7 @@ from hermes_store.postgresql.newest import (
     TOP_ID,
     VISIBLE,
     Exact,
+    Scores,
     floors,
     newest_matches,
     text_bytes,
@@ -192,6 +194,29 @@ def _read_again(
     return select(value(alias.c)).where(alias.c.ctid == row).scalar_subquery()
 
 
+def _scores(
+    passes: Callable[[ColumnElement[str]], ColumnElement[bool]],
+    rank: Callable[[ColumnElement[str]], ColumnElement[float]],
+) -> Scores:
+    """newest.Scores for a test and a rank of the indexed text: the row at a ctid read
+    once, its text joined once (a LATERAL subquery fenced by OFFSET 0: inlined, each of
+    the four uses would decompress and join the text again)."""
+
+    def scores(row: ColumnElement[Any]) -> Any:
+        document = select(_document(_EXACT_ROW.c).label("document")).correlate(_EXACT_ROW)
+        joined = document.offset(0).lateral("joined")
+        text = joined.c.document
+        return (
+            select(passes(text).label("passes"), rank(text).label("rank"))
+            .select_from(_EXACT_ROW.join(joined, true()))
+            .where(_EXACT_ROW.c.ctid == row)
+            .correlate_except(_EXACT_ROW, joined)
+            .lateral("scores")
+        )
+
+    return scores
+
+
 #: The words revision fts2 stores in `messages` (PostgreSQL's alone: not an ORM column).
 _STORED_WORDS = literal_column(f"{M.name}.{WORDS_COLUMN}", type_=TSVECTOR)
 
@@ -281,6 +306,7 @@ def _ranked(
     alone: bool = True,
     exact: Exact | None = None,
     ranges: bool = True,
+    scored: Scores | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The hits in the contract's order (rank higher first, then the lower id), one page.
 
@@ -295,7 +321,9 @@ def _ranked(
     themselves (_matched); without it, in the same scan that reads their rows (for a
     condition cheap to test again: no re-tokenising). Without ``rank_inputs``, ranked,
     only the newest matches are read further (newest_matches; ``exact``: the test of the rows
-    ``condition`` selects, made there), and the page's columns for its rows alone.
+    ``condition`` selects, made there; ``scored``: the test and the rank made in the scan
+    that finds them, ``rank_of`` then reading the ``rank`` column), and the page's columns
+    for its rows alone.
     """
     limit = page[0]
     if alone:
@@ -311,11 +339,12 @@ def _ranked(
         if exact is not None and not thin:
             raise TypeError("an exact test is made on the thin rows only")
         if thin:
-            newest = newest_matches(condition, filters, exact, ranges=ranges)
+            newest = newest_matches(condition, filters, exact, ranges=ranges, scored=scored)
             by_id = newest.c.id.desc()
             statement = select(
                 newest.c.id,
                 newest.c.row,
+                *((newest.c.rank,) if scored is not None else ()),
                 func.row_number().over(order_by=by_id).label("recency"),
                 func.sum(newest.c.size).over(order_by=by_id, rows=(None, 0)).label("volume"),
             )
@@ -518,27 +547,21 @@ def trigram_statement(
         tokens = [(binds(to_server_text(token)), caseless(token)) for token in found]
 
         by_time = sort in ("newest", "oldest")
-        exact: Exact | None = None
+        scored: Scores | None = None
         if by_time:
             condition = trigram_condition(tree, patterns, _document())
         else:
-            # Ranked: the index's condition alone over every match, and the rest (the
-            # tokens before a text's first NUL) tested on the newest of them only, as many
-            # as the window needs. The rest reads each text whole (strpos): over every
-            # match it took half the statement (テスト at 200k messages: 6.5 ms -> 5.5).
+            # Ranked: the index's condition alone, and the rest (the tokens before a
+            # text's first NUL, any OR or NOT whole) and the rank computed in the scan
+            # that tests each match against its text (newest.Scored).
             condition = trigram_condition(tree, patterns, _document(), before_nul_only=False)
-
-            def exact(matches: Any) -> ColumnElement[bool]:
-                return _read_again(
-                    _EXACT_ROW,
-                    matches.row,
-                    lambda row: trigram_residue(tree, patterns, _document(row)),
-                )
+            scored = _scores(
+                lambda text: trigram_residue(tree, patterns, text),
+                lambda text: coverage(text, tokens),
+            )
 
         def rank_of(hits: Any) -> ColumnElement[float]:
-            if by_time:
-                return coverage(_document(hits), tokens)
-            return _read_again(_RANKED, hits.row, lambda r: coverage(_document(r), tokens))
+            return coverage(_document(hits), tokens) if by_time else hits.rank
 
         inputs = _TEXT_COLUMNS if by_time else ()
         # No id ranges (newest_matches): a CJK word's matches are few beside the window's
@@ -554,8 +577,8 @@ def trigram_statement(
             inputs,
             documents=True,
             alone=False,
-            exact=exact,
             ranges=False,
+            scored=scored,
         )
         if len(_TRIGRAM_STATEMENTS) >= TRIGRAM_STATEMENTS:
             _TRIGRAM_STATEMENTS.clear()

@@ -254,18 +254,20 @@ def found_tokens(node: Node) -> list[str]:
 def coverage(
     document: ColumnElement[str], tokens: Sequence[tuple[ColumnElement[str], bool]]
 ) -> ColumnElement[float]:
-    """The trigram path's rank: the share of the text's characters that are the query's
-    tokens (the text less every instance of each, against the whole), so more instances
-    in a shorter text rank higher, as BM25 ranks them. One replace() a token, over the
-    text lower-cased when a token has case: pg_trgm's similarity() would build and sort
-    the trigrams of the whole text, ten times the cost. The text holds its two
-    separators, so its length is never 0."""
+    """The trigram path's rank: the share of the text's bytes that are the query's tokens
+    (the text less every instance of each, against the whole), so more instances in a
+    shorter text rank higher, as BM25 ranks them. One replace() a token, over the text
+    lower-cased when a token has case: pg_trgm's similarity() would build and sort the
+    trigrams of the whole text, ten times the cost. Bytes, not characters: a text's bytes
+    are in its header, its characters counted one by one (the five CJK searches at
+    50,000 messages: 18.0 ms with characters, 16.3 with bytes, through Store.search).
+    The text holds its two separators, so it is never empty."""
     text = document if all(without_case for _, without_case in tokens) else func.lower(document)
     left = text
     for token, without_case in tokens:
         left = func.replace(left, token if without_case else func.lower(token), "")
-    length = func.length(document, type_=Integer)
+    size = func.octet_length(text, type_=Integer)
     share = literal(1.0, Float) - (
-        cast(func.length(left, type_=Integer), Float) / cast(length, Float)
+        cast(func.octet_length(left, type_=Integer), Float) / cast(size, Float)
     )
     return type_coerce(share, Float(asdecimal=False))
