@@ -3,8 +3,8 @@
 The same page of hits for both: the first 20 messages of a generated corpus (3,000
 messages, ``hermes_store.demo.corpus``) that each query's route matches, their indexed text
 as PostgreSQL gives it. One side makes their snippets as PostgreSQL did before, in pure
-Python (``hermes_store.postgresql.search._pure_snippet``), the other as it does now, by the
-sqlite3 module's FTS5 over just those hits (``_memory_snippets``). No database server is
+Python (``hermes_store.postgresql.snippets.pure_snippet``), the other as it does now, by the
+sqlite3 module's FTS5 over just those hits (``memory_page_snippets``). No database server is
 needed: both sides start from the hits' text, which is what ``snippets()`` gets.
 
 pytest-benchmark times the in-memory side; ``extra_info`` holds the median of
@@ -28,7 +28,7 @@ import pytest
 
 from hermes_store.declarations import SQLITE
 from hermes_store.demo import corpus
-from hermes_store.postgresql.search import _memory_snippets, _pure_snippet
+from hermes_store.postgresql.snippets import memory_page_snippets, pure_snippet
 from hermes_store.search.fts5_snippets import memory_indexes
 from hermes_store.search.query import (
     TRIGRAM_INDEX,
@@ -104,10 +104,10 @@ def test_pg_snippets_pure_against_memory(benchmark: Any, query_class: str) -> No
     marks = highlight_of(parse_query(route.match, trigram=route.index == TRIGRAM_INDEX))
 
     def pure() -> dict[int, str]:
-        return {i: _pure_snippet(text, route, marks) for i, text in page.items()}
+        return {i: pure_snippet(text, route, marks) for i, text in page.items()}
 
     def memory() -> dict[int, str]:
-        return _memory_snippets(route, page)
+        return memory_page_snippets(route, page)
 
     assert memory() == pure()  # the same snippets, byte for byte
     pure_ms, memory_ms = _median_ms(pure, [memory])

@@ -40,6 +40,7 @@ from test_fts5_snippet import (
 from hermes_store import migrate
 from hermes_store.declarations import SQLITE, TRIGRAM_INDEX, WORD_INDEX
 from hermes_store.postgresql import search as postgresql
+from hermes_store.postgresql import snippets as postgresql_snippets
 from hermes_store.search import fts5_snippets
 from hermes_store.search.fts5_snippets import (
     SNIPPET_SQL,
@@ -233,9 +234,9 @@ def test_postgresql_snippets_are_fts5s_in_memory_and_the_pure_ones_without_it(
     assert all(answers[pg_url])
 
     calls: list[str] = []
-    real = postgresql.memory_snippets
+    real = postgresql_snippets.memory_snippets
     monkeypatch.setattr(
-        postgresql,
+        postgresql_snippets,
         "memory_snippets",
         lambda index, match, texts: calls.append(index) or real(index, match, texts),
     )

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from hermes_store import migrate
-from hermes_store.postgresql import search as postgresql
+from hermes_store.postgresql import snippets as postgresql
 from hermes_store.search import search_messages
 from hermes_store.search import snippet as fts5_snippet
 from hermes_store.search.snippet import (

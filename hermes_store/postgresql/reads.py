@@ -7,9 +7,12 @@ reject runs in a savepoint, so that the caller's transaction goes on; in its own
 rejected statement rolls the transaction back, and the next statement begins another
 (nothing was read in it that the search keeps).
 
-The word and trigram paths' statements are planned with _BY_INDEX: set by the statement
-that also reads what the search needs first (the layout marker, the newest id), and put
-back to the values they had by one more statement after the read, never by rolling back.
+The word and trigram paths' statements are planned with the planner's settings of their
+path (BY_INDEX, BY_TRIGRAM_INDEX): set by the statement that also reads what the search
+needs first (the layout marker, the newest id), and put back to the values they had by one
+more statement after the read, never by rolling back; or, when the statement was the
+search's last (the ranked trigram statement reads its page's context windows too) in the
+search's own transaction, left to end with it.
 psycopg forgets every prepared statement of a connection at any ROLLBACK, ROLLBACK TO
 SAVEPOINT included, so a search that rolled back would have PostgreSQL parse and plan all
 its statements again each time (1.5 ms of the 1.7 a word search that matches nothing
@@ -22,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, String, bindparam, func, select
 from sqlalchemy.engine import Connection
@@ -52,19 +55,43 @@ _PLANNER = (
     ("jit", "off"),
     ("plan_cache_mode", "force_generic_plan"),
 )
-#: Each setting's value before, then _PLANNER's set (until the transaction ends, or
-#: _RESTORE): a target list is evaluated in order.
-_BY_INDEX = (
-    *(func.current_setting(name) for name, _ in _PLANNER),
-    *(func.set_config(name, value, True) for name, value in _PLANNER),
-)
-#: _PLANNER's settings given back the values they had (binds ``was0``, ``was1``...).
-_RESTORE = select(
-    *(
-        func.set_config(name, bindparam(f"was{n}", type_=String), True)
-        for n, (name, _) in enumerate(_PLANNER)
+
+
+class Planner(NamedTuple):
+    """Planner settings for a statement: the target list that reads each one's value and
+    then sets it (until the transaction ends, or ``restore``: a target list is evaluated
+    in order), and the statement that gives them back the values they had (binds
+    ``was0``, ``was1``...)."""
+
+    settings: tuple[tuple[str, str], ...]
+    by_index: tuple[ColumnElement[Any], ...]
+    restore: Any
+
+
+def _planner(settings: tuple[tuple[str, str], ...]) -> Planner:
+    return Planner(
+        settings,
+        (
+            *(func.current_setting(name) for name, _ in settings),
+            *(func.set_config(name, value, True) for name, value in settings),
+        ),
+        select(
+            *(
+                func.set_config(name, bindparam(f"was{n}", type_=String), True)
+                for n, (name, _) in enumerate(settings)
+            )
+        ),
     )
-)
+
+
+#: _PLANNER's settings: the word path's, and the trigram path's by time.
+BY_INDEX = _planner(_PLANNER)
+#: The ranked trigram statement's: _PLANNER's but plain index scans. Its matches can come
+#: from the trigram index only (a GIN index has no plain index scan, and no other index
+#: serves its condition), and it reads its page's context windows, each neighbour of a
+#: hit through the sessions' index: with no plain index scan, each one read its hit's
+#: whole session (a page's windows took 1.8 ms, against 0.6).
+BY_TRIGRAM_INDEX = _planner(tuple(item for item in _PLANNER if item[0] != "enable_indexscan"))
 
 
 def encodable(values: Iterable[Any]) -> bool:
@@ -102,22 +129,28 @@ def rows_by_index(
     read: Sequence[ColumnElement[Any]] = (),
     *,
     guarded: bool = True,
+    planner: Planner = BY_INDEX,
+    last: bool = False,
 ) -> list[dict[str, Any]] | None:
-    """The rows of the statement ``make`` gives, planned with _BY_INDEX, the settings put
-    back after the read; None when the server rejected the query's values (as
+    """The rows of the statement ``make`` gives, planned with ``planner``'s settings, the
+    settings put back after the read; None when the server rejected the query's values (as
     :func:`rows`). ``read``: values the statement depends on, read with the settings and
-    given to ``make``."""
+    given to ``make``. ``last``: the search runs no statement after this one (it read its
+    context windows too), so in the search's own transaction the settings are left to end
+    with it, at its COMMIT: no statement to give them back."""
+    count = len(planner.settings)
     try:
         with _guard(conn, guarded):
-            found = tuple(conn.execute(select(*_BY_INDEX, *read)).one())
-            was = {f"was{n}": value for n, value in enumerate(found[: len(_PLANNER)])}
-            statement, values = make(found[len(_BY_INDEX) :])
+            found = tuple(conn.execute(select(*planner.by_index, *read)).one())
+            was = {f"was{n}": value for n, value in enumerate(found[:count])}
+            statement, values = make(found[2 * count :])
             answer: list[dict[str, Any]] = []
             if encodable(values.values()):
                 answer = [dict(row) for row in conn.execute(statement, values).mappings()]
             else:
                 log.debug("search: query or filter not encodable as UTF-8; no results")
-            conn.execute(_RESTORE, was)
+            if guarded or not last:
+                conn.execute(planner.restore, was)
             return answer
     except DBAPIError as exc:
         return _rejected(conn, exc, guarded)

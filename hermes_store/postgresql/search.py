@@ -19,7 +19,7 @@ exactly those expressions, so the planner can use those indexes.
 The trigram path's and the LIKE scan's tests are :mod:`hermes_store.postgresql.substrings`.
 
 The word path finds its matches first, alone (a materialised CTE), with the planner held
-to a bitmap scan of the search index (_BY_INDEX): it takes the index expression for cheap
+to a bitmap scan of the search index (reads.BY_INDEX): it takes the index expression for cheap
 and would rather re-tokenise every row. The trigram path, held the same way, tests its
 matches in the same scan of the trigram index (a LIKE is cheap to test again). Ranked,
 both read their newest matches by id and size only (newest_matches; the word path from
@@ -27,11 +27,8 @@ the newest ids down). Rank
 is ``ts_rank_cd`` (word path) or the share of the text its tokens cover (trigram path,
 coverage), higher first, not FTS5's BM25; ties go to the lower id. Only the newest matches
 within RANK_WINDOW and RANK_WINDOW_BYTES are ranked; older ones follow them, newest first.
-Snippets are FTS5's own, made by the sqlite3 module's FTS5 over the indexed text of the
-page's hits in memory (:mod:`hermes_store.search.fts5_snippets`), by SQLite's rules for
-huge messages; where the running sqlite3 has no FTS5 (or no trigram tokenizer), by the
-pure-Python reproduction (:mod:`hermes_store.search.snippet`), bounded past
-SNIPPET_EXACT_BYTES or EXACT_INSTANCES.
+Snippets are FTS5's own, made in memory from the page's texts, or the pure-Python
+reproduction (:mod:`hermes_store.postgresql.snippets`).
 docs/search.md, "PostgreSQL", lists every difference from SQLite.
 """
 
@@ -39,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -68,7 +65,12 @@ from hermes_store.declarations import WORDS_COLUMN
 from hermes_store.errors import SearchFailed
 from hermes_store.models import SERVER_ESCAPE, from_server_text, to_server_text
 from hermes_store.postgresql import words
-from hermes_store.postgresql.contexts import context_rows
+from hermes_store.postgresql.contexts import (
+    CONTEXT_COLUMN,
+    column_rows,
+    context_column,
+    context_rows,
+)
 from hermes_store.postgresql.newest import (
     TOP_ID,
     VISIBLE,
@@ -78,8 +80,15 @@ from hermes_store.postgresql.newest import (
     newest_matches,
     text_bytes,
 )
-from hermes_store.postgresql.reads import rejected_query, rows_by_index, sqlstate
+from hermes_store.postgresql.reads import (
+    BY_INDEX,
+    BY_TRIGRAM_INDEX,
+    rejected_query,
+    rows_by_index,
+    sqlstate,
+)
 from hermes_store.postgresql.reads import rows as plain_rows
+from hermes_store.postgresql.snippets import memory_page_snippets, pure_snippet
 from hermes_store.postgresql.substrings import (
     caseless,
     coverage,
@@ -107,12 +116,11 @@ from hermes_store.search.context import (
     SearchResults,
     contexts_of,
 )
-from hermes_store.search.fts5_snippets import memory_indexes, memory_snippets, snippets_of
+from hermes_store.search.fts5_snippets import memory_indexes
 from hermes_store.search.pipeline import Found, Plan
 from hermes_store.search.query import (
     TRIGRAM_INDEX,
     WORD_INDEX,
-    Highlight,
     Node,
     Nothing,
     QuerySyntaxError,
@@ -132,28 +140,13 @@ from hermes_store.search.schema import (
     SearchOptions,
     filter_criteria,
 )
-from hermes_store.search.snippet import (
-    bounded_trigram_snippet,
-    bounded_word_snippet,
-    exact_is_bounded,
-    trigram_snippet,
-    word_snippet,
-)
 
 log = logging.getLogger(__name__)
 
-SNIPPET_TOKENS = 40
 #: The LIKE scan's snippet: this many characters of the content, from this many before the
 #: first token (the contract's substr(content, instr(content, token) - 40, 120)).
 LIKE_SNIPPET_BEFORE = 40
 LIKE_SNIPPET_LENGTH = 120
-SNIPPET_MARKS = {"start": ">>>", "end": "<<<", "ellipsis": "..."}
-#: Without FTS5 in the running sqlite3, a hit's snippet is FTS5's (reproduced in Python)
-#: when its indexed text is at most this many bytes and holds at most
-#: fts5_snippet.EXACT_INSTANCES instances of the query's phrases; otherwise bounded, as on
-#: SQLite past its own (larger) limit: the Python tokenizer costs about 1 ms per 4 KB,
-#: FTS5's C nothing like it. With FTS5 the limit is SQLite's (fts5_snippets).
-SNIPPET_EXACT_BYTES = 64 * 1024
 
 
 def _document(columns: Any = M.c) -> ColumnElement[str]:
@@ -270,7 +263,7 @@ RANK_WINDOW_BYTES = 1024 * 1024
 def _matched(condition: ColumnElement[bool]) -> ColumnElement[bool]:
     """``condition`` as the ids it selects, found first, alone (a materialised CTE): with
     no other condition beside it the planner can only answer it from the search index
-    (_BY_INDEX), and no other index (the visibility filter's) leads it to re-tokenise the
+    (reads.BY_INDEX), and no other index (the visibility filter's) leads it to re-tokenise the
     rows that one selects."""
     matched = select(M.c.id).where(condition).cte("matched").prefix_with("MATERIALIZED")
     return M.c.id.in_(select(matched.c.id))
@@ -307,6 +300,7 @@ def _ranked(
     exact: Exact | None = None,
     ranges: bool = True,
     scored: Scores | None = None,
+    contexts: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """The hits in the contract's order (rank higher first, then the lower id), one page.
 
@@ -323,9 +317,11 @@ def _ranked(
     only the newest matches are read further (newest_matches; ``exact``: the test of the rows
     ``condition`` selects, made there; ``scored``: the test and the rank made in the scan
     that finds them, ``rank_of`` then reading the ``rank`` column), and the page's columns
-    for its rows alone.
+    for its rows alone; with ``contexts``, their context windows too (contexts.CONTEXT_COLUMN).
     """
     limit = page[0]
+    if contexts and (rank_inputs or sort in ("newest", "oldest")):
+        raise TypeError("the context windows are read with the thin rows' page only")
     if alone:
         condition = _matched(condition)
     if exact is not None and sort in ("newest", "oldest"):
@@ -379,6 +375,8 @@ def _ranked(
             )
             if documents:
                 outer = outer.add_columns(*_document_parts(M.c))
+            if contexts:
+                outer = outer.add_columns(context_column(M.c))
             return outer, _ranked_values(sort, page)
         outer = select(hits.c.id, *(hits.c[key] for key in RESULT_KEYS)).order_by(
             windowed.desc().nulls_last(), case((in_window, hits.c.id), else_=-hits.c.id)
@@ -452,7 +450,7 @@ def word_statement(
     are kept by shape (_WORD_STATEMENTS): the key holds all that changes the SQL (the
     tsquery's shape, which decides the coarse tsquery's too, whether the coarse one is
     the condition, the filters given, the order, whether there is a limit, the layout);
-    the planner's settings are no part of it (reads._BY_INDEX sets them apart)."""
+    the planner's settings are no part of it (reads.BY_INDEX sets them apart)."""
     filters, sort, page = options.filters, options.order, options.page
     coarse = _coarse(tree, sort, stored=stored)
     given = filters.given(visibility=True)
@@ -579,6 +577,7 @@ def trigram_statement(
             alone=False,
             ranges=False,
             scored=scored,
+            contexts=not by_time,
         )
         if len(_TRIGRAM_STATEMENTS) >= TRIGRAM_STATEMENTS:
             _TRIGRAM_STATEMENTS.clear()
@@ -656,48 +655,6 @@ def _search_failed(what: str) -> SearchFailed:
     )
 
 
-def _exact(text: str, phrases: Sequence[Any], *, trigram: bool) -> bool:
-    """Whether a hit's snippet is FTS5's own (SNIPPET_EXACT_BYTES), not a bounded one."""
-    size = (
-        len(text) if len(text) > SNIPPET_EXACT_BYTES else len(text.encode("utf-8", "surrogatepass"))
-    )
-    return size <= SNIPPET_EXACT_BYTES and (exact_is_bounded(text, phrases, trigram=trigram))
-
-
-def _memory_snippets(route: Route, documents: dict[int, str]) -> dict[int, str]:
-    """The hits' snippets by SQLite's rules (fts5_snippets.snippets_of): FTS5's own, made in
-    memory, or bounded. A hit the MATCH does not select in memory (PostgreSQL's answer is
-    a superset of FTS5's for some queries: docs/search.md) has none here."""
-    assert route.index is not None
-    texts = {hit_id: text.encode("utf-8") for hit_id, text in documents.items()}
-
-    def fts5(ids: list[int]) -> Iterable[tuple[int, str]]:
-        chosen = {hit_id: documents[hit_id] for hit_id in ids}
-        return memory_snippets(str(route.index), route.match, chosen).items()
-
-    return snippets_of(route, texts, fts5)
-
-
-def _pure_snippet(text: str, route: Route, marks: Highlight) -> str:
-    """A hit's snippet in pure Python: FTS5's reproduced up to SNIPPET_EXACT_BYTES, bounded
-    past it."""
-    if route.index == TRIGRAM_INDEX:
-        substrings = [phrase[0][0] for phrase in marks.phrases]
-        exact = _exact(text, substrings, trigram=True)
-        return (trigram_snippet if exact else bounded_trigram_snippet)(
-            text, substrings, groups=marks.groups, tokens=SNIPPET_TOKENS, **SNIPPET_MARKS
-        )
-    exact = _exact(text, marks.phrases, trigram=False)
-    return (word_snippet if exact else bounded_word_snippet)(
-        text,
-        marks.phrases,
-        near=marks.near,
-        groups=marks.groups,
-        tokens=SNIPPET_TOKENS,
-        **SNIPPET_MARKS,
-    )
-
-
 def _documents(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
     """The indexed text of the page's hits, as the data layer gives text (NUL as NUL)."""
     statement = select(M.c.id, _document()).where(M.c.id.in_(bindparam("ids", expanding=True)))
@@ -715,6 +672,8 @@ class PostgreSQLSearch:
         in a savepoint."""
         self.conn = conn
         self.guarded = not own_transaction
+        #: The context windows the hits' statement read (contexts.CONTEXT_COLUMN), by hit.
+        self._windows: dict[int, Any] = {}
 
     def plan(self, sanitized: str) -> Plan | SearchResults:
         # Both indexes exist at head (revision fts1): the trigram path is always there.
@@ -752,8 +711,22 @@ class PostgreSQLSearch:
                 return Found([], route)
             if trigram is not None:
                 statement = trigram_statement(trigram, route, options)
-                rows = rows_by_index(conn, lambda _: statement, guarded=self.guarded)
+                # Ranked, the statement reads the page's context windows too: its own
+                # settings (reads.BY_TRIGRAM_INDEX), and no statement after it.
+                ranked = options.order not in ("newest", "oldest")
+                rows = rows_by_index(
+                    conn,
+                    lambda _: statement,
+                    guarded=self.guarded,
+                    planner=BY_TRIGRAM_INDEX if ranked else BY_INDEX,
+                    last=ranked,
+                )
                 if rows is not None:
+                    self._windows = {
+                        int(row["id"]): row.pop(CONTEXT_COLUMN)
+                        for row in rows
+                        if CONTEXT_COLUMN in row
+                    }
                     return Found(rows, route)
         like = Route(None, "", route.like_tokens)
         rows = plain_rows(conn, *like_statement(like, options), guarded=self.guarded)
@@ -781,17 +754,23 @@ class PostgreSQLSearch:
             documents = _documents(self.conn, [int(row["id"]) for row in found.rows])
         made: dict[int, str] = {}
         if route.index in memory_indexes():
-            made = _memory_snippets(route, documents)
+            made = memory_page_snippets(route, documents)
         marks = highlight_of(parse_query(route.match, trigram=route.index == TRIGRAM_INDEX))
         for row in found.rows:
             hit_id = int(row["id"])
             snippet = made.get(hit_id)
             row["snippet"] = (
-                _pure_snippet(documents[hit_id], route, marks) if snippet is None else snippet
+                pure_snippet(documents[hit_id], route, marks) if snippet is None else snippet
             )
 
     def contexts(self, hit_ids: Sequence[int]) -> dict[int, list[ContextMessage]]:
+        windows = self._windows
         try:
+            if all(hit_id in windows for hit_id in hit_ids):  # read with the hits
+                return contexts_of(
+                    lambda chunk: column_rows((hit_id, windows[hit_id]) for hit_id in chunk),
+                    hit_ids,
+                )
             return contexts_of(lambda chunk: context_rows(self.conn, chunk), hit_ids)
         except Exception:  # the contract: a failed context lookup leaves every hit with []
             log.debug("search: context lookup failed", exc_info=True)

@@ -26,24 +26,36 @@ _IN_CHUNK = 500  # ids per IN (...) of the context lookup, far below SQLite's va
 _target = MESSAGES.alias("t")
 _other = MESSAGES.alias("n")
 _window_row = MESSAGES.alias("w")
-# Row values, not (a < b OR a = b AND ...): SQLite then seeks the session's index
-# (session_id, timestamp) to the neighbour instead of reading the whole session.
-_target_key = tuple_(_target.c.timestamp, _target.c.id)
-_other_key = tuple_(_other.c.timestamp, _other.c.id)
-_previous_id = (
-    select(_other.c.id)
-    .where(_other.c.session_id == _target.c.session_id, _other_key < _target_key)
-    .order_by(_other.c.timestamp.desc(), _other.c.id.desc())
-    .limit(1)
-    .scalar_subquery()
-)
-_next_id = (
-    select(_other.c.id)
-    .where(_other.c.session_id == _target.c.session_id, _other_key > _target_key)
-    .order_by(_other.c.timestamp.asc(), _other.c.id.asc())
-    .limit(1)
-    .scalar_subquery()
-)
+
+
+def neighbours(target: Any) -> tuple[Any, Any]:
+    """The ids of the messages before and after the hit ``target`` (columns ``id``,
+    ``session_id``, ``timestamp``) in its session, in (timestamp, id) order: scalar
+    subqueries, correlated to ``target`` (at any depth). Row values, not (a < b OR a = b
+    AND ...): SQLite then seeks the session's index (session_id, timestamp) to the
+    neighbour instead of reading the whole session."""
+    target_key = tuple_(target.timestamp, target.id)
+    other_key = tuple_(_other.c.timestamp, _other.c.id)
+    previous = (
+        select(_other.c.id)
+        .where(_other.c.session_id == target.session_id, other_key < target_key)
+        .order_by(_other.c.timestamp.desc(), _other.c.id.desc())
+        .limit(1)
+        .correlate_except(_other)
+        .scalar_subquery()
+    )
+    following = (
+        select(_other.c.id)
+        .where(_other.c.session_id == target.session_id, other_key > target_key)
+        .order_by(_other.c.timestamp.asc(), _other.c.id.asc())
+        .limit(1)
+        .correlate_except(_other)
+        .scalar_subquery()
+    )
+    return previous, following
+
+
+_previous_id, _next_id = neighbours(_target.c)
 _windows = _target.join(_window_row, _window_row.c.id.in_([_target.c.id, _previous_id, _next_id]))
 #: The ids of every message in the context windows of hits ``ids`` (the hits included).
 CONTEXT_WINDOW_IDS = (
