@@ -42,6 +42,7 @@ from hermes_store.engine import create_store_engine
 from hermes_store.errors import QueryTooComplex
 from hermes_store.models import Base
 from hermes_store.postgresql import search as postgresql
+from hermes_store.postgresql.reads import BY_TRIGRAM_INDEX
 from hermes_store.postgresql.search import Binds, tsquery_of
 from hermes_store.postgresql.substrings import ascii_caseless
 from hermes_store.search import (
@@ -265,6 +266,26 @@ def test_the_statements_can_use_the_expression_indexes(stores: tuple[Engine, Eng
         assert "Bitmap Index Scan on messages_fts_trigram" in _plan(conn, *trigram)
 
 
+def test_the_ranked_trigram_statement_finds_its_matches_by_the_trigram_index(
+    stores: tuple[Engine, Engine],
+) -> None:
+    """With its own planner settings (plain index scans allowed, for the context windows'
+    neighbours), the ranked trigram statement still finds its matches by a bitmap scan of
+    the trigram index, and reaches the neighbours through the sessions' index."""
+    _, server = stores
+    route = Route(TRIGRAM_INDEX, '"数据库"', ("数据库",))
+    options = SearchOptions("数据库")
+    statement = postgresql.trigram_statement(
+        simplify(parse_query(route.match, trigram=True)), route, options
+    )
+    with server.connect() as conn:
+        conn.execute(select(*BY_TRIGRAM_INDEX.by_index))
+        plan = _plan(conn, *statement)
+    assert "Bitmap Index Scan on messages_fts_trigram" in plan, plan
+    assert "Seq Scan" not in plan, plan
+    assert "using idx_messages_session on messages n" in plan, plan
+
+
 def test_results_follow_inserts_deletes_and_flag_updates(stores: tuple[Engine, Engine]) -> None:
     """The indexes are plain expression indexes: every write is seen by the next search."""
     _, server = stores
@@ -358,18 +379,23 @@ def test_a_ranked_page_reaches_past_newest_matches_that_fail_the_nul_test(
 ) -> None:
     """Ranked, the newest matches are tested before the NUL, newest first, until the window
     holds enough: with a window of 2 and the 3 newest matches failing (the token after a
-    NUL), the page holds the 2 older ones that pass, ranked, as SQLite's does."""
+    NUL), the page holds the 2 older ones that pass, ranked, as SQLite's does, each with
+    the context window SQLite gives it (neighbours holding NULs, read with the hits)."""
     monkeypatch.setattr(postgresql, "RANK_WINDOW", 2)
     contents = ["庚辛壬 癸", "庚辛壬 庚辛壬", "前\x00庚辛壬", "后\x00庚辛壬 庚辛壬", "\x00庚辛壬"]
     lite, server = stores
     ids = {engine: _insert_messages(engine, contents) for engine in (lite, server)}
     try:
-        pages = {
-            engine: [hit["id"] for hit in _search(engine, query="庚辛壬", limit=2)]
-            for engine in (lite, server)
-        }
+        hits = {engine: _search(engine, query="庚辛壬", limit=2) for engine in (lite, server)}
+        pages = {engine: [hit["id"] for hit in hits[engine]] for engine in hits}
         assert pages[server] == [ids[server][1], ids[server][0]]
         assert sorted(pages[lite]) == ids[lite][:2]
+        windows = {
+            engine: {ids[engine].index(hit["id"]): hit["context"] for hit in hits[engine]}
+            for engine in hits
+        }
+        assert windows[server] == windows[lite]
+        assert "\x00" in windows[server][1][-1]["content"]  # the next row, read back whole
     finally:
         for engine, inserted in ids.items():
             with engine.begin() as conn:

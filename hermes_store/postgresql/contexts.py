@@ -67,12 +67,17 @@ def column_rows(windows: Iterable[tuple[int, Any]]) -> Iterator[tuple[Any, ...]]
     data layer gives it."""
     for hit_id, pairs in windows:
         for role, content in pairs or ():
-            yield hit_id, role, from_server_text(content) if isinstance(content, str) else content
+            yield hit_id, role, _as_given(content)
+
+
+def _as_given(content: Any) -> Any:
+    """Stored content as the data layer gives it (NUL as NUL)."""
+    return from_server_text(content) if isinstance(content, str) else content
 
 
 def context_rows(conn: Connection, chunk: list[int]) -> list[tuple[Any, ...]]:
     """CONTEXT_WINDOWS' rows for a chunk of hits, content as the data layer gives it."""
     return [
-        (hit_id, role, from_server_text(content) if isinstance(content, str) else content)
+        (hit_id, role, _as_given(content))
         for hit_id, role, content in conn.execute(CONTEXT_WINDOWS, {"ids": chunk})
     ]

@@ -67,9 +67,10 @@ SPAN_RATIO = RECENT_SPANS[1] // RECENT_SPANS[0]
 Exact = Callable[[Any], ColumnElement[bool]]
 
 
-#: What a row of the matches gives when read again by its ctid (its ``row`` column): a
-#: LATERAL subquery of columns ``passes`` (the test the condition leaves) and ``rank``.
-Scores = Callable[[ColumnElement[Any]], Any]
+#: What a row of the matches gives when read again by its ctid (its ``row`` and ``size``
+#: columns): a LATERAL subquery of columns ``passes`` (the test the condition leaves) and
+#: ``rank``.
+Scores = Callable[[ColumnElement[Any], ColumnElement[int]], Any]
 
 
 #: The visibility filter (active or compacted) in a form no index's predicate matches:
@@ -98,17 +99,13 @@ def newest_matches(
     filters: Filters,
     exact: Exact | None,
     *,
-    ranges: bool = True,
     scored: Scores | None = None,
 ) -> Any:
     """The newest matches, newest first, with their sizes and ctids (columns ``id``,
-    ``size``, ``row``: the ctid each was found at, for rank to read it again): as
+    ``size``, ``row``: the ctid each was found at, for the word path's rank to read it
+    again): as
     many as the bind ``newest`` says (all with NULL), read range by range (the binds
     ``floor0`` and ``floor1``: see :func:`floors`).
-
-    With ``scored`` (and no ``ranges``, no ``exact``): every match at once, and the newest
-    that pass its test kept, each with its ``rank`` (column ``rank``), both computed in
-    one read of the row (_scored).
 
     The first range is always read. The second only when the first held fewer than
     ``newest`` matches but at least its share of them (a range SPAN_RATIO times wider
@@ -117,17 +114,17 @@ def newest_matches(
     lists for a common word in a rare phrase (``is`` in "database is locked") cost more
     than the few rows. The rest is read when the ranges read held fewer than ``newest``.
     Each count is PostgreSQL's to compute when first asked, in CASEs that ask in order.
-    Without ``ranges``, every match is read at once and the newest ``newest`` kept.
+
+    With ``scored`` (and no ``exact``), the trigram path's: every match at once, no
+    ranges, and the newest that pass its test kept, each with its ``rank`` (columns
+    ``id``, ``size``, ``rank``), both computed in one read of the row (_scored).
     """
     newest = bindparam("newest", type_=Integer)
     if scored is not None:
-        if ranges or exact is not None:
-            raise TypeError("scored matches are read at once, with no other test")
+        if exact is not None:
+            raise TypeError("scored matches are tested by their scores alone")
         every = _scored(condition, filters, scored, newest)
-        return select(every.c.id, every.c.size, every.c.row, every.c.rank).subquery("newest")
-    if not ranges:  # every match at once, the newest kept
-        every = _range(0, condition, filters, exact, newest)
-        return select(every.c.id, every.c.size, every.c.row).subquery("newest")
+        return select(every.c.id, every.c.size, every.c.rank).subquery("newest")
     floor0, floor1 = (bindparam(f"floor{n}", type_=BigInteger) for n in range(2))
     first = _range(0, and_(condition, M.c.id > floor0), filters, exact, newest)
     count0 = _count(first)
@@ -186,9 +183,9 @@ def _scored(condition: ColumnElement[bool], filters: Filters, scores: Scores, ne
     enough (the sort fenced by OFFSET 0, so that the read stays above it)."""
     matches = _matches(0, condition, filters)
     fenced = select(matches).order_by(matches.c.id.desc()).offset(0).subquery("by_id0")
-    scored = scores(fenced.c.row)
+    scored = scores(fenced.c.row, fenced.c.size)
     chosen = (
-        select(fenced.c.id, fenced.c.size, fenced.c.row, scored.c.rank)
+        select(fenced.c.id, fenced.c.size, scored.c.rank)
         .select_from(fenced.join(scored, true()))
         .where(scored.c.passes)
         .order_by(fenced.c.id.desc())

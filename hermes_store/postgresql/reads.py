@@ -86,11 +86,11 @@ def _planner(settings: tuple[tuple[str, str], ...]) -> Planner:
 
 #: _PLANNER's settings: the word path's, and the trigram path's by time.
 BY_INDEX = _planner(_PLANNER)
-#: The ranked trigram statement's: _PLANNER's but plain index scans. Its matches can come
-#: from the trigram index only (a GIN index has no plain index scan, and no other index
-#: serves its condition), and it reads its page's context windows, each neighbour of a
-#: hit through the sessions' index: with no plain index scan, each one read its hit's
-#: whole session (a page's windows took 1.8 ms, against 0.6).
+#: The ranked trigram statement's: _PLANNER's but plain index scans. No index but the
+#: trigram index serves its condition, which a GIN index answers by a bitmap scan only
+#: (tests/test_search_postgresql.py checks its plan), and it reads its page's context
+#: windows, each neighbour of a hit through the sessions' index: with no plain index
+#: scan, each one read its hit's whole session (a page's windows took 1.8 ms, against 0.6).
 BY_TRIGRAM_INDEX = _planner(tuple(item for item in _PLANNER if item[0] != "enable_indexscan"))
 
 

@@ -20,10 +20,10 @@ The trigram path's and the LIKE scan's tests are :mod:`hermes_store.postgresql.s
 
 The word path finds its matches first, alone (a materialised CTE), with the planner held
 to a bitmap scan of the search index (reads.BY_INDEX): it takes the index expression for cheap
-and would rather re-tokenise every row. The trigram path, held the same way, tests its
-matches in the same scan of the trigram index (a LIKE is cheap to test again). Ranked,
-both read their newest matches by id and size only (newest_matches; the word path from
-the newest ids down). Rank
+and would rather re-tokenise every row. The trigram path tests its matches in the same scan
+of the trigram index (a LIKE is cheap to test again; reads.BY_TRIGRAM_INDEX, ranked).
+Ranked, both read their newest matches by id and size only (newest_matches; the word path
+from the newest ids down). Rank
 is ``ts_rank_cd`` (word path) or the share of the text its tokens cover (trigram path,
 coverage), higher first, not FTS5's BM25; ties go to the lower id. Only the newest matches
 within RANK_WINDOW and RANK_WINDOW_BYTES are ranked; older ones follow them, newest first.
@@ -166,8 +166,9 @@ def _words(stored: bool) -> ColumnElement[Any]:
 
 #: `messages` as a statement reads a matched row again, by the ctid it was found at (a TID
 #: scan, one page, not the primary key's): its stored words (word path) or its text
-#: (trigram path). Rank reads the window's rows (``ranked``); the exact test of
-#: newest_matches the newest matches (``exact_row``).
+#: (trigram path, _scores). The word path's rank reads the window's rows (``ranked``);
+#: the exact test of newest_matches, and the trigram path's test and rank, the newest
+#: matches (``exact_row``).
 _MESSAGE_ROW = table(
     "messages",
     column("ctid"),
@@ -193,14 +194,19 @@ def _scores(
 ) -> Scores:
     """newest.Scores for a test and a rank of the indexed text: the row at a ctid read
     once, its text joined once (a LATERAL subquery fenced by OFFSET 0: inlined, each of
-    the four uses would decompress and join the text again)."""
+    the four uses would decompress and join the text again). A row larger than
+    RANK_WINDOW_BYTES is never in the window: no rank computed for it."""
 
-    def scores(row: ColumnElement[Any]) -> Any:
+    def scores(row: ColumnElement[Any], size: ColumnElement[int]) -> Any:
         document = select(_document(_EXACT_ROW.c).label("document")).correlate(_EXACT_ROW)
         joined = document.offset(0).lateral("joined")
         text = joined.c.document
+        rankable = size <= bindparam("rank_bytes", type_=Integer)
         return (
-            select(passes(text).label("passes"), rank(text).label("rank"))
+            select(
+                passes(text).label("passes"),
+                case((rankable, rank(text)), else_=null()).label("rank"),
+            )
             .select_from(_EXACT_ROW.join(joined, true()))
             .where(_EXACT_ROW.c.ctid == row)
             .correlate_except(_EXACT_ROW, joined)
@@ -298,7 +304,6 @@ def _ranked(
     documents: bool = False,
     alone: bool = True,
     exact: Exact | None = None,
-    ranges: bool = True,
     scored: Scores | None = None,
     contexts: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
@@ -315,9 +320,10 @@ def _ranked(
     themselves (_matched); without it, in the same scan that reads their rows (for a
     condition cheap to test again: no re-tokenising). Without ``rank_inputs``, ranked,
     only the newest matches are read further (newest_matches; ``exact``: the test of the rows
-    ``condition`` selects, made there; ``scored``: the test and the rank made in the scan
-    that finds them, ``rank_of`` then reading the ``rank`` column), and the page's columns
-    for its rows alone; with ``contexts``, their context windows too (contexts.CONTEXT_COLUMN).
+    ``condition`` selects, made there; ``scored``: the test and the rank, made in one read
+    of each row tested, every match found at once, ``rank_of`` then reading the ``rank``
+    column), and the page's columns for its rows alone; with ``contexts``, their context
+    windows too (contexts.CONTEXT_COLUMN).
     """
     limit = page[0]
     if contexts and (rank_inputs or sort in ("newest", "oldest")):
@@ -335,12 +341,11 @@ def _ranked(
         if exact is not None and not thin:
             raise TypeError("an exact test is made on the thin rows only")
         if thin:
-            newest = newest_matches(condition, filters, exact, ranges=ranges, scored=scored)
+            newest = newest_matches(condition, filters, exact, scored=scored)
             by_id = newest.c.id.desc()
             statement = select(
                 newest.c.id,
-                newest.c.row,
-                *((newest.c.rank,) if scored is not None else ()),
+                newest.c.rank if scored is not None else newest.c.row,
                 func.row_number().over(order_by=by_id).label("recency"),
                 func.sum(newest.c.size).over(order_by=by_id, rows=(None, 0)).label("volume"),
             )
@@ -521,10 +526,11 @@ def trigram_statement(
 ) -> tuple[Any, dict[str, Any]]:
     """The trigram path's statement for a simplified tree, and its parameters.
 
-    By rank, the newest matches are found by id, size and ctid alone (newest_matches,
-    every match at once), and the text of those the window ranks read again by ctid, for
-    the rank and the page's snippets: not every match's text carried through the sort,
-    nor its session joined.
+    By rank, the matches are found by id, size and ctid alone (newest_matches, every match
+    at once), and the newest of them read again by ctid, each once for both the test the
+    index cannot make and the rank (_scores), until the window holds enough: not every
+    match's text carried through the sort, nor its session joined. The page's rows then
+    come with their texts (for the snippets) and their context windows.
     By time, the matches' texts come with them (the ties' rank, the page's snippets).
     Statements are kept by shape (_TRIGRAM_STATEMENTS): building one costs more than a
     small search on SQLite does, and queries of one shape differ in values only.
@@ -549,9 +555,9 @@ def trigram_statement(
         if by_time:
             condition = trigram_condition(tree, patterns, _document())
         else:
-            # Ranked: the index's condition alone, and the rest (the tokens before a
-            # text's first NUL, any OR or NOT whole) and the rank computed in the scan
-            # that tests each match against its text (newest.Scored).
+            # Ranked: the index's condition alone over every match; the rest (the tokens
+            # before a text's first NUL, any OR or NOT whole) and the rank computed in one
+            # read of each of the newest matches (_scores).
             condition = trigram_condition(tree, patterns, _document(), before_nul_only=False)
             scored = _scores(
                 lambda text: trigram_residue(tree, patterns, text),
@@ -562,7 +568,7 @@ def trigram_statement(
             return coverage(_document(hits), tokens) if by_time else hits.rank
 
         inputs = _TEXT_COLUMNS if by_time else ()
-        # No id ranges (newest_matches): a CJK word's matches are few beside the window's
+        # No id ranges (newest_matches, scored): a CJK word's matches are few beside the window's
         # 200, and each match a range reads is tested against its text again (the trigram
         # index is lossy), so a range that falls short costs a second reading of them all
         # (テスト at 200k messages: 9.4 ms with ranges, 7.0 without, 9.1 before either).
@@ -575,7 +581,6 @@ def trigram_statement(
             inputs,
             documents=True,
             alone=False,
-            ranges=False,
             scored=scored,
             contexts=not by_time,
         )
@@ -683,6 +688,7 @@ class PostgreSQLSearch:
         """The page's rows; a trigram query FTS5 would reject is answered by the LIKE scan,
         as on SQLite."""
         route, conn = plan.route, self.conn
+        self._windows = {}
         rows: list[dict[str, Any]] | None = None
         if route.index == WORD_INDEX:
             try:
