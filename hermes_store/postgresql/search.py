@@ -18,17 +18,16 @@ exactly those expressions, so the planner can use those indexes.
 
 The trigram path's and the LIKE scan's tests are :mod:`hermes_store.postgresql.substrings`.
 
-The word path finds its matches first, alone (a materialised CTE), with the planner held
-to a bitmap scan of the search index (reads.BY_INDEX): it takes the index expression for cheap
+The word path finds its matches first, alone (a materialised CTE), with the planner held to
+a bitmap scan of the search index (reads.BY_INDEX): it takes the index expression for cheap
 and would rather re-tokenise every row. The trigram path tests its matches in the same scan
 of the trigram index (a LIKE is cheap to test again; reads.BY_TRIGRAM_INDEX, ranked).
 Ranked, both read their newest matches by id and size only (newest_matches; the word path
-from the newest ids down). Rank
-is ``ts_rank_cd`` (word path) or the share of the text its tokens cover (trigram path,
-coverage), higher first, not FTS5's BM25; ties go to the lower id. Only the newest matches
-within RANK_WINDOW and RANK_WINDOW_BYTES are ranked; older ones follow them, newest first.
-Snippets are FTS5's own, made in memory from the page's texts, or the pure-Python
-reproduction (:mod:`hermes_store.postgresql.snippets`).
+from the newest ids down). Rank is ``ts_rank_cd`` (word path) or the share of the text its
+tokens cover (trigram path, coverage), higher first, not FTS5's BM25; ties go to the lower
+id. Only the newest matches within RANK_WINDOW and RANK_WINDOW_BYTES are ranked; older ones
+follow them, newest first. Snippets are FTS5's own, made in memory from the page's texts,
+or the pure-Python reproduction (:mod:`hermes_store.postgresql.snippets`).
 docs/search.md, "PostgreSQL", lists every difference from SQLite.
 """
 
@@ -256,12 +255,10 @@ def _select(condition: ColumnElement[bool], filters: Filters, *, visibility: boo
 Rank = Callable[[Any], ColumnElement[float]]
 #: The columns rank reads when it tokenises the text again.
 _TEXT_COLUMNS = (M.c.content, M.c.tool_name, M.c.tool_calls)
-#: How many of a query's matches (the newest) are ranked when the order is by rank, and
-#: how many bytes of indexed text they may hold in all. Rank needs each row's text
-#: tokenised again (the text is stored once; no tsvector is kept): about half a
-#: millisecond a message here, 0.3 s a megabyte, so ranking every match of a common word
-#: of a large store, or a few huge messages, would take seconds. Within the window the
-#: order is exact.
+#: How many of a query's matches (the newest) are ranked by rank, and how many bytes of
+#: indexed text they may hold in all: rank reads each one's stored words, or its text
+#: (trigram path; at fts1, tokenised again: 0.3 s a megabyte), so ranking every match of a
+#: common word, or a few huge messages, would take seconds. Within it the order is exact.
 RANK_WINDOW = 200
 RANK_WINDOW_BYTES = 1024 * 1024
 
