@@ -397,13 +397,7 @@ def test_a_ranked_page_reaches_past_newest_matches_that_fail_the_nul_test(
         assert windows[server] == windows[lite]
         assert "\x00" in windows[server][1][-1]["content"]  # the next row, read back whole
     finally:
-        for engine, inserted in ids.items():
-            with engine.begin() as conn:
-                conn.execute(
-                    delete(Base.metadata.tables["messages"]).where(
-                        Base.metadata.tables["messages"].c.id.in_(inserted)
-                    )
-                )
+        _delete_messages(ids)
 
 
 def test_trigram_rank_puts_texts_the_query_covers_most_first(
@@ -412,7 +406,6 @@ def test_trigram_rank_puts_texts_the_query_covers_most_first(
     """By rank, a trigram query's hits whose text is most made of its tokens come first;
     a token with case is found in any case, as on SQLite."""
     lite, server = stores
-    messages = Base.metadata.tables["messages"]
     contents = [
         "全文检索器 in a message with many more words around it than the others have",
         "全文检索器 全文检索器",
@@ -428,9 +421,15 @@ def test_trigram_rank_puts_texts_the_query_covers_most_first(
             for engine in (lite, server):
                 assert [hit["id"] for hit in _search(engine, query=query)] == [ids[engine][3]]
     finally:
-        for engine, inserted in ids.items():
-            with engine.begin() as conn:
-                conn.execute(delete(messages).where(messages.c.id.in_(inserted)))
+        _delete_messages(ids)
+
+
+def _delete_messages(ids: dict[Engine, list[int]]) -> None:
+    """Delete the messages _insert_messages wrote, on each engine."""
+    messages = Base.metadata.tables["messages"]
+    for engine, inserted in ids.items():
+        with engine.begin() as conn:
+            conn.execute(delete(messages).where(messages.c.id.in_(inserted)))
 
 
 def _insert_messages(engine: Engine, contents: list[str]) -> list[int]:

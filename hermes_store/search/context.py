@@ -36,23 +36,22 @@ def neighbours(target: Any) -> tuple[Any, Any]:
     neighbour instead of reading the whole session."""
     target_key = tuple_(target.timestamp, target.id)
     other_key = tuple_(_other.c.timestamp, _other.c.id)
-    previous = (
-        select(_other.c.id)
-        .where(_other.c.session_id == target.session_id, other_key < target_key)
-        .order_by(_other.c.timestamp.desc(), _other.c.id.desc())
-        .limit(1)
-        .correlate_except(_other)
-        .scalar_subquery()
-    )
-    following = (
-        select(_other.c.id)
-        .where(_other.c.session_id == target.session_id, other_key > target_key)
-        .order_by(_other.c.timestamp.asc(), _other.c.id.asc())
-        .limit(1)
-        .correlate_except(_other)
-        .scalar_subquery()
-    )
-    return previous, following
+
+    def nearest(after: bool) -> Any:
+        ordered = (_other.c.timestamp, _other.c.id)
+        return (
+            select(_other.c.id)
+            .where(
+                _other.c.session_id == target.session_id,
+                other_key > target_key if after else other_key < target_key,
+            )
+            .order_by(*(column.asc() if after else column.desc() for column in ordered))
+            .limit(1)
+            .correlate_except(_other)
+            .scalar_subquery()
+        )
+
+    return nearest(after=False), nearest(after=True)
 
 
 _previous_id, _next_id = neighbours(_target.c)
